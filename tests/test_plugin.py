@@ -1,0 +1,40 @@
+"""The plugin entry point: registered with vLLM, idempotent, strict about the vLLM version."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+
+import pytest
+
+from vllm_lookahead import SUPPORTED_VLLM_VERSION, plugin
+
+
+def test_entry_point_is_declared():
+    eps = md.entry_points(group="vllm.general_plugins")
+    assert "vllm_lookahead.plugin:register" in {ep.value for ep in eps}
+
+
+def test_register_is_idempotent():
+    plugin.register()
+    plugin.register()
+    assert plugin._registered
+
+
+def test_installed_vllm_is_supported():
+    assert plugin.installed_vllm_version() == SUPPORTED_VLLM_VERSION
+    plugin.check_vllm_version()
+
+
+@pytest.mark.parametrize("version", ["0.31.0", "0.33.0", "1.0.0+cpu"])
+def test_other_versions_fail_loudly(version):
+    with pytest.raises(RuntimeError, match="supports vLLM 0.32.0 only; found"):
+        plugin.check_vllm_version(version)
+
+
+def test_local_tag_is_ignored():
+    plugin.check_vllm_version("0.32.0+cpu")
+
+
+def test_vllm_console_script_metadata():
+    # cpu_fixups writes a `vllm` distribution alias whose version carries +cpu, which the `vllm` command needs.
+    assert "cpu" in md.version("vllm") or md.version("vllm") == SUPPORTED_VLLM_VERSION

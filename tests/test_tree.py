@@ -1,0 +1,203 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.tree import (
+    StepTree,
+    build_step_tree,
+    max_tree_size,
+    steady_tree_size,
+    window_slots_max,
+)
+from vllm_lookahead.window import JacobiWindow
+
+VOCAB = 3  # tiny, so that paths collide and merging has work to do
+
+
+@st.composite
+def step_inputs(draw, max_w=4, max_n=4, max_g=4):
+    w = draw(st.integers(1, max_w))
+    n = draw(st.integers(2, max_n))
+    tok = st.integers(0, VOCAB - 1)
+    x0 = draw(tok)
+    win = JacobiWindow(w, n, draw(st.lists(tok, min_size=w + n - 3, max_size=w + n - 3)), x0=x0)
+    for _ in range(draw(st.integers(0, n))):
+        win.step(draw(tok), draw(st.lists(tok, min_size=win.num_cols, max_size=win.num_cols)))
+    win.set_x0(x0)
+    g = draw(st.integers(0, max_g))
+    cands = draw(st.lists(st.lists(tok, min_size=1, max_size=n), max_size=g))
+    return x0, win, cands
+
+
+def _root_path_tokens(tree, u):
+    return tuple(tree.tokens[v] for v in tree.path(u))
+
+
+def _slot_path(win, r, i):
+    rows = win.rows
+    return tuple(rows[0][: i + 1]) + tuple(rows[q][i] for q in range(1, r + 1))
+
+
+def _check_valid(tree):
+    n = tree.num_nodes
+    assert tree.parents[0] == -1 and tree.depths[0] == 0
+    assert len(tree.tokens) == len(tree.parents) == len(tree.depths) == n
+    for u in range(1, n):
+        assert 0 <= tree.parents[u] < u
+        assert tree.depths[u] == tree.depths[tree.parents[u]] + 1
+    for u in range(n):
+        assert tree.children(u) == [c for c in range(n) if tree.parents[c] == u]
+    assert all(0 <= u < n for u in tree.window_node.values())
+    assert all(0 <= u < n for nodes in tree.candidate_nodes for u in nodes)
+
+
+def test_max_tree_size():
+    assert max_tree_size(7, 4, 7) == 1 + (7 * 3 - 1) + 7 * 3 == steady_tree_size(7, 4, 7)
+    assert window_slots_max(1, 2) == 1
+    assert window_slots_max(1, 6) == 9  # warm-up level 2: 3 rows of 3 columns, steady is 5 rows of 1
+    for w in range(1, 10):
+        for n in range(2, 10):
+            sizes = [(k + 1) * (w + n - 2 - k) for k in range(n - 1)]
+            assert window_slots_max(w, n) == max(sizes)
+            assert sizes[-1] == w * (n - 1)
+            if w >= n - 2:
+                assert max_tree_size(w, n, 3) == steady_tree_size(w, n, 3)
+
+
+def test_small_example_node_order_candidates_first():
+    win = JacobiWindow(3, 3, [5, 6, 7], x0=1)
+    win.step(1, [9, 8, 8, 8])  # rows: [1, 6, 7], [8, 8, 8]
+    tree = build_step_tree(1, win, [[6, 8], [2, 3]], merge=True)
+    # candidates: 6 (1), 8 (2), 2 (3), 3 (4); window col 0: (1,0)=8 (5); col 1: (0,1)=6 merges with 1,
+    # (1,1)=8 merges with 2; col 2: (0,2)=7 (6), (1,2)=8 (7)
+    assert tree.tokens == [1, 6, 8, 2, 3, 8, 7, 8]
+    assert tree.parents == [-1, 0, 1, 0, 3, 0, 1, 6]
+    assert tree.depths == [0, 1, 2, 1, 2, 1, 2, 3]
+    assert tree.window_node == {(0, 0): 0, (1, 0): 5, (0, 1): 1, (1, 1): 2, (0, 2): 6, (1, 2): 7}
+    assert tree.candidate_nodes == [[1, 2], [3, 4]]
+    assert tree.children(0) == [1, 3, 5] and tree.children(1) == [2, 6]
+    unmerged = build_step_tree(1, win, [[6, 8], [2, 3]], merge=False)
+    assert unmerged.num_nodes == 1 + 5 + 4
+    assert unmerged.tokens == [1, 6, 8, 2, 3, 8, 6, 8, 7, 8]
+    cut = tree.truncate(3)
+    assert cut.tokens == [1, 6, 8]
+    assert cut.window_node == {(0, 0): 0, (0, 1): 1, (1, 1): 2}
+    assert cut.candidate_nodes == [[1, 2], []]
+    assert build_step_tree(1, win, [[6, 8], [2, 3]], max_nodes=3).tokens == cut.tokens
+    with pytest.raises(ValueError, match="max_nodes must be >= 1"):
+        tree.truncate(0)
+
+
+def test_window_none_and_empty():
+    tree = build_step_tree(4, None, [])
+    assert tree.tokens == [4] and tree.num_nodes == 1 and tree.ancestors_mask() == [[True]]
+    tree = build_step_tree(4, None, [[1, 2], [1, 3]])
+    assert tree.tokens == [4, 1, 2, 3] and tree.parents == [-1, 0, 1, 1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(inp=step_inputs(), merge=st.booleans())
+def test_tree_properties(inp, merge):
+    x0, win, cands = inp
+    tree = build_step_tree(x0, win, cands, merge=merge)
+    _check_valid(tree)
+    assert tree.tokens[0] == x0
+    n = tree.num_nodes
+
+    # Every node sees exactly itself and its ancestors; both mask forms agree.
+    mask = tree.ancestors_mask()
+    bits = tree.ancestor_bits()
+    for u in range(n):
+        anc = set(tree.path(u))
+        assert {v for v in range(n) if mask[u][v]} == anc
+        assert {v for v in range(n) if bits[u] >> v & 1} == anc
+
+    # Positions == depth, and every slot / candidate token is its own root path.
+    assert set(tree.window_node) == {(r, i) for r, i, _ in win.slots()}
+    for (r, i), u in tree.window_node.items():
+        assert tree.depths[u] == r + i
+        assert _root_path_tokens(tree, u) == _slot_path(win, r, i)
+    assert len(tree.candidate_nodes) == len(cands)
+    for cand, nodes in zip(cands, tree.candidate_nodes, strict=True):
+        assert [tree.depths[u] for u in nodes] == list(range(1, len(cand) + 1))
+        assert _root_path_tokens(tree, nodes[-1]) == (x0, *cand)
+        assert tree.path(nodes[-1])[1:] == nodes
+
+    # Candidates first: every node made for a candidate precedes every node made only for the window.
+    cand_set = {u for nodes in tree.candidate_nodes for u in nodes}
+    win_only = set(tree.window_node.values()) - cand_set - {0}
+    if cand_set and win_only:
+        assert max(cand_set) < min(win_only)
+    assert cand_set | set(tree.window_node.values()) == set(range(n))
+
+    if merge:
+        # A trie: distinct root paths <-> distinct nodes, siblings have distinct tokens.
+        assert len({_root_path_tokens(tree, u) for u in range(n)}) == n
+        for u in range(n):
+            kids = [tree.tokens[c] for c in tree.children(u)]
+            assert len(kids) == len(set(kids))
+    else:
+        assert n == win.num_slots() + sum(len(c) for c in cands)
+        assert n <= max_tree_size(win.window_size, win.ngram_size, len(cands)) or any(
+            len(c) > win.ngram_size - 1 for c in cands
+        )
+        slot_node = tree.window_node
+        win_nodes = set(slot_node.values()) - {0}
+        # The paper's mask: (r, i) sees row 0 columns 0..i and column i rows 1..r, nothing else of the window.
+        for (r, i), u in slot_node.items():
+            expect = {slot_node[(0, j)] for j in range(i + 1)} | {slot_node[(q, i)] for q in range(1, r + 1)}
+            assert {v for v in range(n) if mask[u][v]} == expect
+            assert not any(mask[u][v] for v in cand_set)
+        # Candidates see the root and their own earlier tokens; branches never see each other.
+        for nodes in tree.candidate_nodes:
+            for t, u in enumerate(nodes):
+                assert {v for v in range(n) if mask[u][v]} == {0, *nodes[: t + 1]}
+                assert not any(mask[u][v] for v in win_nodes)
+        all_cand = [u for nodes in tree.candidate_nodes for u in nodes]
+        assert len(all_cand) == len(set(all_cand))
+
+
+@settings(max_examples=200, deadline=None)
+@given(inp=step_inputs())
+def test_merged_and_unmerged_have_same_root_paths(inp):
+    x0, win, cands = inp
+    merged = build_step_tree(x0, win, cands, merge=True)
+    unmerged = build_step_tree(x0, win, cands, merge=False)
+    paths_m = {_root_path_tokens(merged, u) for u in range(merged.num_nodes)}
+    paths_u = {_root_path_tokens(unmerged, u) for u in range(unmerged.num_nodes)}
+    assert paths_m == paths_u
+    assert merged.num_nodes == len(paths_m) <= unmerged.num_nodes
+    # Slot and candidate maps name the same root paths in both.
+    for s in merged.window_node:
+        assert _root_path_tokens(merged, merged.window_node[s]) == _root_path_tokens(
+            unmerged, unmerged.window_node[s]
+        )
+
+
+@settings(max_examples=150, deadline=None)
+@given(inp=step_inputs(), merge=st.booleans(), data=st.data())
+def test_any_prefix_cut_is_a_valid_tree(inp, merge, data):
+    x0, win, cands = inp
+    full = build_step_tree(x0, win, cands, merge=merge)
+    m = data.draw(st.integers(1, full.num_nodes + 2))
+    cut = full.truncate(m)
+    built = build_step_tree(x0, win, cands, merge=merge, max_nodes=m)
+    keep = min(m, full.num_nodes)
+    for tree in (cut, built):
+        _check_valid(tree)
+        assert tree.num_nodes == keep
+        assert tree.tokens == full.tokens[:keep]
+        assert tree.window_node == {s: u for s, u in full.window_node.items() if u < keep}
+        assert tree.candidate_nodes == [[u for u in nodes if u < keep] for nodes in full.candidate_nodes]
+        full_mask = full.ancestors_mask()
+        assert tree.ancestors_mask() == [row[:keep] for row in full_mask[:keep]]
+        last = win.fill
+        assert tree.window_output_nodes(last, win.num_cols) == [
+            tree.window_node.get((last, i)) for i in range(win.num_cols)
+        ]
+
+
+def test_steptree_children_rebuilt_when_not_given():
+    tree = StepTree(tokens=[0, 1, 2, 3], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2])
+    assert tree.children(0) == [1, 2] and tree.children(1) == [3] and tree.children(3) == []
+    assert tree.path(3) == [0, 1, 3]

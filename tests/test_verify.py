@@ -1,0 +1,314 @@
+import itertools
+import math
+import random
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.tree import StepTree, build_step_tree
+from vllm_lookahead.verify import greedy_verify, sample_verify
+from vllm_lookahead.window import JacobiWindow
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+@st.composite
+def random_trees(draw, vocab=4, max_nodes=12):
+    """Arbitrary trees in parents-first order, duplicate sibling tokens allowed (unmerged-style)."""
+    n = draw(st.integers(1, max_nodes))
+    parents = [-1] + [draw(st.integers(0, u - 1)) for u in range(1, n)]
+    tokens = [draw(st.integers(0, vocab - 1)) for _ in range(n)]
+    depths = [0]
+    for u in range(1, n):
+        depths.append(depths[parents[u]] + 1)
+    return StepTree(tokens=tokens, parents=parents, depths=depths)
+
+
+@st.composite
+def step_trees(draw, vocab=4, max_depth=3):
+    """Trees as the engine builds them: candidates + a small window, merged or not."""
+    tok = st.integers(0, vocab - 1)
+    x0 = draw(tok)
+    win = None
+    if draw(st.booleans()):
+        w = draw(st.integers(1, 2))
+        n = draw(st.integers(2, 3))
+        win = JacobiWindow(w, n, draw(st.lists(tok, min_size=w + n - 3, max_size=w + n - 3)), x0=x0)
+        if draw(st.booleans()):
+            win.step(x0, draw(st.lists(tok, min_size=win.num_cols, max_size=win.num_cols)))
+            win.set_x0(x0)
+    cands = draw(st.lists(st.lists(tok, min_size=1, max_size=max_depth), max_size=4))
+    return build_step_tree(x0, win, cands, merge=draw(st.booleans()))
+
+
+def _root_paths(tree):
+    return [tree.path(u) for u in range(tree.num_nodes)]
+
+
+def _brute_force_greedy(tree, argmax):
+    best = None
+    for path in _root_paths(tree):
+        if all(tree.tokens[path[j + 1]] == argmax[path[j]] for j in range(len(path) - 1)):
+            key = (-len(path), path)  # longest, then lowest node indices
+            if best is None or key < best:
+                best = key
+    nodes = best[1][1:]
+    return nodes, [tree.tokens[u] for u in nodes] + [argmax[nodes[-1] if nodes else 0]]
+
+
+class Target:
+    """A random autoregressive target over a tiny vocabulary: context tuple -> distribution, some zeros."""
+
+    def __init__(self, seed, vocab):
+        self.rng = random.Random(seed)
+        self.vocab = vocab
+        self.table = {}
+
+    def __call__(self, ctx):
+        ctx = tuple(ctx)
+        if ctx not in self.table:
+            w = [self.rng.random() if self.rng.random() < 0.75 else 0.0 for _ in range(self.vocab)]
+            if sum(w) == 0:
+                w[self.rng.randrange(self.vocab)] = 1.0
+            s = sum(w)
+            self.table[ctx] = [x / s for x in w]
+        return self.table[ctx]
+
+
+def _node_probs(tree, target):
+    # The distribution at a node is the target's given the node's root path (root token included).
+    return [target([tree.tokens[v] for v in tree.path(u)]) for u in range(tree.num_nodes)]
+
+
+def exact_step_distribution(tree, probs):
+    """Output distribution of one sample_verify step, by following the specified acceptance probabilities.
+
+    probs[u] may be unnormalised; children are tried in node order, one trial per distinct token.
+    """
+    out = defaultdict(float)
+
+    def rec(u, prefix, pr):
+        q = list(probs[u])
+        mass = sum(q)
+        tried = set()
+        for c in tree.children(u):
+            t = tree.tokens[c]
+            if t in tried:
+                continue
+            tried.add(t)
+            a = q[t] / mass
+            if a > 0:
+                rec(c, prefix + (t,), pr * a)
+            pr *= 1 - a
+            mass -= q[t]
+            q[t] = 0.0
+            if pr <= 0 or mass <= 1e-15:
+                return
+        for x, qx in enumerate(q):
+            if qx > 0:
+                out[prefix + (x,)] += pr * qx / mass
+
+    rec(0, (), 1.0)
+    return dict(out)
+
+
+def _extend_to(dist, target, root, length):
+    """Output of a step, continued autoregressively to `length` tokens: distribution over length-tuples."""
+    full = defaultdict(float)
+    for seq, pr in dist.items():
+        stack = [(seq, pr)]
+        while stack:
+            s, p = stack.pop()
+            if len(s) >= length:
+                full[s[:length]] += p
+                continue
+            for x, px in enumerate(target((root, *s))):
+                if px > 0:
+                    stack.append((s + (x,), p * px))
+    return full
+
+
+def _autoregressive(target, root, length, vocab):
+    out = {}
+    for y in itertools.product(range(vocab), repeat=length):
+        p = 1.0
+        for j in range(length):
+            p *= target((root, *y[:j]))[y[j]]
+        if p > 0:
+            out[y] = p
+    return out
+
+
+def _chi2_critical(df, z=5.0):
+    # Wilson-Hilferty approximation of the chi-square quantile at a ~3e-7 upper tail: generous on purpose.
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+def test_greedy_small_example():
+    tree = build_step_tree(0, None, [[1, 2, 3], [1, 4]])  # nodes: 0:0, 1:1, 2:2, 3:3, 4:4
+    argmax = [1, 4, 9, 9, 7]
+    assert greedy_verify(tree, argmax) == ([1, 4], [1, 4, 7])
+    assert greedy_verify(tree, [5, 0, 0, 0, 0]) == ([], [5])  # nothing matches: just the target's token
+    assert greedy_verify(tree, [1, 2, 3, 8, 0]) == ([1, 2, 3], [1, 2, 3, 8])  # full candidate + bonus
+
+
+def test_greedy_unmerged_takes_longest_not_first_match():
+    # Two children with token 1: the first leads nowhere, the second matches further.
+    tree = StepTree(tokens=[0, 1, 1, 5], parents=[-1, 0, 0, 2], depths=[0, 1, 1, 2])
+    assert greedy_verify(tree, [1, 5, 5, 6]) == ([2, 3], [1, 5, 6])
+    assert greedy_verify(tree, [1, 7, 7, 6]) == ([1], [1, 7])  # tie: lowest index
+
+
+@settings(max_examples=400, deadline=None)
+@given(tree=random_trees(), data=st.data())
+def test_greedy_matches_brute_force_arbitrary_trees(tree, data):
+    argmax = data.draw(st.lists(st.integers(0, 3), min_size=tree.num_nodes, max_size=tree.num_nodes))
+    assert greedy_verify(tree, argmax) == _brute_force_greedy(tree, argmax)
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree=step_trees(), seed=st.integers(0, 10**6))
+def test_greedy_matches_brute_force_consistent_target(tree, seed):
+    # argmax as a real model gives it: a function of the root path.
+    rng = random.Random(seed)
+    table = {}
+    argmax = []
+    for u in range(tree.num_nodes):
+        key = tuple(tree.tokens[v] for v in tree.path(u))
+        argmax.append(table.setdefault(key, rng.randrange(4)))
+    nodes, toks = greedy_verify(tree, argmax)
+    assert (nodes, toks) == _brute_force_greedy(tree, argmax)
+    assert 1 <= len(toks) <= max(tree.depths) + 1
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@settings(max_examples=300, deadline=None)
+@given(tree=step_trees(), seed=st.integers(0, 10**6))
+def test_exact_step_distribution_is_autoregressive(tree, seed):
+    # The specified algorithm, followed exactly, reproduces autoregressive sampling from the target.
+    vocab = 4
+    target = Target(seed, vocab)
+    probs = _node_probs(tree, target)
+    dist = exact_step_distribution(tree, probs)
+    assert math.isclose(sum(dist.values()), 1.0, abs_tol=1e-12)
+    length = max(tree.depths) + 1
+    got = _extend_to(dist, target, tree.tokens[0], length)
+    want = _autoregressive(target, tree.tokens[0], length, vocab)
+    assert set(got) <= set(want)
+    for y, p in want.items():
+        assert math.isclose(got.get(y, 0.0), p, abs_tol=1e-12), y
+
+
+def _fixed_case(merge):
+    # Root distribution puts zero mass on token 4: the candidate [4, 0] must never be accepted.
+    # [1, 2] appears twice (merged away when merge=True); [1, 3] shares the first token.
+    target = Target(7, 5)
+    target.table[(0,)] = [0.3, 0.25, 0.15, 0.3, 0.0]
+    cands = [[1, 2], [1, 3], [1, 2], [4, 0], [2, 1, 1], [3]]
+    win = JacobiWindow(2, 3, [3, 1], x0=0)
+    tree = build_step_tree(0, win, cands, merge=merge)
+    probs = _node_probs(tree, target)
+    return tree, probs, target
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_sample_verify_matches_exact_distribution(merge):
+    tree, probs, target = _fixed_case(merge)
+    # Scale rows: the implementation must not assume normalised probabilities.
+    scale = [1.0 + 0.5 * (u % 3) for u in range(tree.num_nodes)]
+    probs_t = torch.tensor([[p * s for p in row] for row, s in zip(probs, scale, strict=True)])
+    dist = exact_step_distribution(tree, probs)
+
+    gen = torch.Generator().manual_seed(1234)
+    trials = 12000
+    counts = Counter()
+    zero_node = tree.candidate_nodes[3][0]
+    for _ in range(trials):
+        nodes, toks = sample_verify(tree, probs_t, gen)
+        assert zero_node not in nodes
+        assert toks[: len(nodes)] == [tree.tokens[u] for u in nodes]
+        if nodes:
+            assert tree.path(nodes[-1])[1:] == nodes
+        counts[tuple(toks)] += 1
+    assert set(counts) <= set(dist)
+    chi2 = sum((counts.get(s, 0) - trials * p) ** 2 / (trials * p) for s, p in dist.items())
+    assert chi2 < _chi2_critical(len(dist) - 1), chi2
+    # Sanity of the check itself: the first-token marginal equals the root distribution.
+    first = Counter()
+    for s, c in counts.items():
+        first[s[0]] += c
+    for x, p in enumerate(target((0,))):
+        assert abs(first[x] / trials - p) < 5 * math.sqrt(p * (1 - p) / trials) + 1e-9
+    assert first[4] == 0
+
+
+def test_sample_verify_extended_matches_autoregressive_by_sampling():
+    # End to end with the real implementation: step output continued autoregressively vs pure sampling.
+    tree, probs, target = _fixed_case(True)
+    probs_t = torch.tensor(probs)
+    length = max(tree.depths) + 1
+    want = _autoregressive(target, 0, length, 5)
+    rng = random.Random(5)
+    gen = torch.Generator().manual_seed(99)
+    trials = 12000
+    counts = Counter()
+    for _ in range(trials):
+        _, toks = sample_verify(tree, probs_t, gen)
+        seq = tuple(toks)
+        while len(seq) < length:
+            dist = target((0, *seq))
+            seq += (rng.choices(range(5), weights=dist)[0],)
+        counts[seq[:length]] += 1
+    assert set(counts) <= set(want)
+    # Pool the rare outcomes so the chi-square approximation holds.
+    common = {y: p for y, p in want.items() if trials * p >= 5}
+    rare_p = 1 - sum(common.values())
+    rare_n = trials - sum(counts.get(y, 0) for y in common)
+    chi2 = sum((counts.get(y, 0) - trials * p) ** 2 / (trials * p) for y, p in common.items())
+    if trials * rare_p >= 5:
+        chi2 += (rare_n - trials * rare_p) ** 2 / (trials * rare_p)
+    assert chi2 < _chi2_critical(len(common)), chi2
+
+
+@settings(max_examples=150, deadline=None)
+@given(tree=step_trees(), seed=st.integers(0, 10**6))
+def test_one_hot_sampling_equals_greedy(tree, seed):
+    rng = random.Random(seed)
+    table = {}
+    argmax = []
+    for u in range(tree.num_nodes):
+        key = tuple(tree.tokens[v] for v in tree.path(u))
+        argmax.append(table.setdefault(key, rng.randrange(4)))
+    probs = torch.nn.functional.one_hot(torch.tensor(argmax), 4).double()
+    gen = torch.Generator().manual_seed(seed)
+    nodes, toks = sample_verify(tree, probs, gen)
+    g_nodes, g_toks = greedy_verify(tree, argmax)
+    merged = all(
+        len({tree.tokens[c] for c in tree.children(u)}) == len(tree.children(u)) for u in range(tree.num_nodes)
+    )
+    if merged:
+        assert (nodes, toks) == (g_nodes, g_toks)
+    else:
+        # Sampling follows the first matching child, greedy the longest match: both read the argmax chain.
+        assert toks == g_toks[: len(toks)]
+
+
+def test_sample_verify_seeded_reproducible_and_shape_checked():
+    tree, probs, _ = _fixed_case(True)
+    probs_t = torch.tensor(probs)
+    runs = [
+        [sample_verify(tree, probs_t, torch.Generator().manual_seed(s))[1] for s in range(40)] for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    assert len({tuple(r) for r in runs[0]}) > 1
+    with pytest.raises(ValueError, match="probs must be"):
+        sample_verify(tree, probs_t[:2], torch.Generator())
+
+
+def test_sample_verify_root_only_and_float32():
+    tree = build_step_tree(3, None, [])
+    probs = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=torch.float32)
+    assert sample_verify(tree, probs, torch.Generator().manual_seed(0)) == ([], [2])

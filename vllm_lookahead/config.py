@@ -1,0 +1,81 @@
+"""User-facing lookahead parameters, validated once so the per-step code can trust them."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_lookahead.tree import max_tree_size
+
+# Placeholders until tuned on real hardware (the paper suggests W=15, N=5, G=W for 7B models on A100).
+DEFAULT_WINDOW_SIZE = 7
+DEFAULT_NGRAM_SIZE = 4
+DEFAULT_GUESS_SET_SIZE = 7
+DEFAULT_MAX_POOL_KEYS = 4096
+
+# Sanity bounds: beyond these a step's tree (W + G) * (N - 1) is far past any useful size and most likely a
+# typo; they also keep per-request memory bounded.
+MAX_WINDOW_SIZE = 64
+MAX_NGRAM_SIZE = 16
+MAX_GUESS_SET_SIZE = 64
+MAX_SEED = 2**63 - 1
+MAX_POOL_KEYS = 1 << 20
+
+
+def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
+    # bool is a subclass of int; `window_size=True` is surely a mistake, so reject it explicitly.
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"lookahead: {name} must be an integer in [{lo}, {hi}] (got {value!r})")
+
+
+@dataclass(frozen=True)
+class LookaheadParams:
+    """W (window_size), N (ngram_size), G (guess_set_size) plus pool/seed options, validated on creation."""
+
+    window_size: int = DEFAULT_WINDOW_SIZE
+    ngram_size: int = DEFAULT_NGRAM_SIZE
+    guess_set_size: int = DEFAULT_GUESS_SET_SIZE
+    pool_from_prompt: bool = True
+    seed: int = 0
+    max_pool_keys: int = DEFAULT_MAX_POOL_KEYS
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check_int("window_size", self.window_size, 1, MAX_WINDOW_SIZE)
+        _check_int("ngram_size", self.ngram_size, 2, MAX_NGRAM_SIZE)
+        _check_int("guess_set_size", self.guess_set_size, 0, MAX_GUESS_SET_SIZE)
+        if not isinstance(self.pool_from_prompt, bool):
+            raise ValueError(f"lookahead: pool_from_prompt must be a bool (got {self.pool_from_prompt!r})")
+        _check_int("seed", self.seed, 0, MAX_SEED)
+        _check_int("max_pool_keys", self.max_pool_keys, 1, MAX_POOL_KEYS)
+
+    @classmethod
+    def allowed_keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> LookaheadParams:
+        """Build from a user mapping (e.g. speculative_config extras); unknown keys are an error, not ignored."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ValueError(f"lookahead: config must be a mapping (got {type(d).__name__})")
+        allowed = cls.allowed_keys()
+        unknown = sorted(str(k) for k in d if k not in allowed)
+        if unknown:
+            raise ValueError(
+                f"lookahead: unknown config key(s) {', '.join(unknown)}; allowed keys: {', '.join(allowed)}"
+            )
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def tree_size(self) -> int:
+        """Most tree nodes one step can need (unmerged worst case, warm-up included); a buffer bound."""
+        return max_tree_size(self.window_size, self.ngram_size, self.guess_set_size)

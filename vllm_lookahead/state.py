@@ -1,0 +1,69 @@
+"""Per-sequence lookahead state: the n-gram pool and the Jacobi window, driven once per decoding step.
+
+Step protocol (glue and reference decoder):
+    tree = state.build_tree(x0)                        # x0: last accepted token, KV not yet computed
+    ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestors_mask()
+    accepted_nodes, tokens = greedy_verify(tree, argmax) # or sample_verify(tree, probs, generator)
+    state.update(tree, argmax, tokens)                 # argmax of the target at every node, even when sampling
+    x0 = tokens[-1]                                    # == state.x0
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.pool import NGramPool
+from vllm_lookahead.tree import StepTree, build_step_tree
+from vllm_lookahead.window import JacobiWindow
+
+
+class LookaheadState:
+    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens")
+
+    def __init__(self, params: LookaheadParams, prompt_token_ids: Sequence[int], merge: bool = True) -> None:
+        self.params = params
+        self.merge = merge
+        self.pool = NGramPool(params.ngram_size, params.guess_set_size, max_keys=params.max_pool_keys)
+        if params.pool_from_prompt:
+            self.pool.seed_from_tokens(prompt_token_ids)
+        # A fresh seeded RNG per sequence: the same request always starts from the same window.
+        rng = random.Random(params.seed)
+        self.window = JacobiWindow.from_tokens(params.window_size, params.ngram_size, prompt_token_ids, rng)
+        self.x0: int | None = None
+        self.num_steps = 0
+        self.num_tokens = 0
+
+    def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
+        """This step's tree: root x0, the pool's candidates for x0 (most recent first), then the window."""
+        self.x0 = x0
+        self.window.set_x0(x0)
+        return build_step_tree(x0, self.window, self.pool.get(x0), merge=self.merge, max_nodes=max_nodes)
+
+    def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
+        """Advance the window one position, feed its n-grams to the pool, and set x0 to the last new token.
+
+        Only the argmax at the window's last-row nodes is read. A slot cut off by max_nodes has no output:
+        the window keeps its old guess for that position instead (see JacobiWindow.step) and its column
+        teaches the pool nothing, so a truncated step stays exact and only loses lookahead.
+        """
+        if not accepted_tokens:
+            raise ValueError("lookahead: a step always yields at least one token")
+        window = self.window
+        get = tree.window_node.get
+        last = window.fill
+        outputs: list[int | None] = []
+        for i in range(window.num_cols):
+            u = get((last, i))
+            outputs.append(None if u is None else int(argmax_per_node[u]))
+        x0_new = int(accepted_tokens[-1])
+        self.pool.add_many(window.step(x0_new, outputs))
+        self.x0 = x0_new
+        self.num_steps += 1
+        self.num_tokens += len(accepted_tokens)
+
+    @property
+    def compression(self) -> float:
+        """Tokens emitted per step so far (an upper bound on the speedup)."""
+        return self.num_tokens / self.num_steps if self.num_steps else 0.0

@@ -1,0 +1,193 @@
+"""One decoding step as a token tree rooted at x0: verification candidates plus the Jacobi window.
+
+Every in-step token attends to the cached prefix plus the chain of in-step tokens from x0 to itself, so the
+whole step is a tree, its attention mask is "ancestors and self", and a node's position is pos(x0) + depth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_lookahead.window import JacobiWindow
+
+
+def window_slots_max(window_size: int, ngram_size: int) -> int:
+    """Most window slots at any fill level: rows (k+1) times columns W + N-2-k, maximised over k = 0..N-2.
+
+    Equals W * (N-1) (the steady-state size) whenever W >= N-2; smaller W makes warm-up windows bigger.
+    """
+    w, n = window_size, ngram_size
+    return max((k + 1) * (w + n - 2 - k) for k in range(n - 1))
+
+
+def steady_tree_size(window_size: int, ngram_size: int, guess_set_size: int) -> int:
+    """Unmerged steady-state tree: root + window slots except (0, 0) + G candidates of N-1 tokens."""
+    return 1 + (window_size * (ngram_size - 1) - 1) + guess_set_size * (ngram_size - 1)
+
+
+def max_tree_size(window_size: int, ngram_size: int, guess_set_size: int) -> int:
+    """Upper bound on nodes of any step's tree (unmerged, warm-up included), for sizing buffers.
+
+    Same as steady_tree_size() = 1 + (W*(N-1) - 1) + G*(N-1) when W >= N-2.
+    """
+    return window_slots_max(window_size, ngram_size) + guess_set_size * (ngram_size - 1)
+
+
+@dataclass
+class StepTree:
+    """Nodes in an order where every parent index is below its children's (so any prefix is a tree).
+
+    tokens[u], parents[u] (-1 for the root, node 0 = x0) and depths[u] (position offset from x0).
+    window_node maps a window slot (row, col) to its node ((0, 0) -> 0); candidate_nodes[j] lists the nodes of
+    candidate j's tokens in order (shorter if the tree was truncated). With merging, several slots/candidates
+    may map to one node: a node is identified by its root path, and the model's output there is the same.
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    window_node: dict[tuple[int, int], int] = field(default_factory=dict)
+    candidate_nodes: list[list[int]] = field(default_factory=list)
+    _children: list[list[int]] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self._children or len(self._children) != len(self.tokens):
+            kids: list[list[int]] = [[] for _ in self.tokens]
+            for u in range(1, len(self.parents)):
+                kids[self.parents[u]].append(u)
+            self._children = kids
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    def children(self, u: int) -> list[int]:
+        """Children of u in ascending node order (not a copy, do not mutate)."""
+        return self._children[u]
+
+    def path(self, u: int) -> list[int]:
+        """Node indices from the root to u, both included."""
+        out = []
+        parents = self.parents
+        while u >= 0:
+            out.append(u)
+            u = parents[u]
+        out.reverse()
+        return out
+
+    def ancestor_bits(self) -> list[int]:
+        """Compact mask: bit v of entry u is set iff v is u or an ancestor of u."""
+        bits = [1]
+        parents = self.parents
+        for u in range(1, len(parents)):
+            bits.append(bits[parents[u]] | (1 << u))
+        return bits
+
+    def ancestors_mask(self) -> list[list[bool]]:
+        """mask[u][v]: node u may attend to node v (v is u or an ancestor of u)."""
+        n = len(self.tokens)
+        mask = [[False] * n for _ in range(n)]
+        parents = self.parents
+        mask[0][0] = True
+        for u in range(1, n):
+            # parents come first, so the parent's row is final: copy it and add self.
+            row = mask[parents[u]].copy()
+            row[u] = True
+            mask[u] = row
+        return mask
+
+    def window_output_nodes(self, last_row: int, num_cols: int) -> list[int | None]:
+        """Node of each slot (last_row, i), None where truncated away: where the window update reads argmax."""
+        get = self.window_node.get
+        return [get((last_row, i)) for i in range(num_cols)]
+
+    def truncate(self, max_nodes: int) -> StepTree:
+        """The first max_nodes nodes (a valid tree since parents precede children); maps keep survivors."""
+        if max_nodes < 1:
+            raise ValueError(f"lookahead: max_nodes must be >= 1 (got {max_nodes})")
+        if max_nodes >= len(self.tokens):
+            return self
+        m = max_nodes
+        return StepTree(
+            tokens=self.tokens[:m],
+            parents=self.parents[:m],
+            depths=self.depths[:m],
+            window_node={s: u for s, u in self.window_node.items() if u < m},
+            candidate_nodes=[[u for u in nodes if u < m] for nodes in self.candidate_nodes],
+            _children=[[c for c in kids if c < m] for kids in self._children[:m]],
+        )
+
+
+def build_step_tree(
+    x0: int,
+    window: JacobiWindow | None,
+    candidates: Sequence[Sequence[int]],
+    merge: bool = True,
+    max_nodes: int | None = None,
+) -> StepTree:
+    """Tree of one step: root x0, then every candidate's tokens, then every window slot except (0, 0).
+
+    Node order: candidates first, in the given order (pool order: most recent first), then the window
+    column-major. Candidates are what verification accepts, so if the tree is cut to a prefix (max_nodes or
+    an engine budget) they survive longest; the window's leading columns survive next.
+
+    merge=True shares nodes between identical root paths (a trie); merge=False keeps each candidate's chain
+    and the window separate (the paper's layout) but they still share the root. The window's own slots
+    always share their row-0 prefix, as the paper's mask prescribes. window=None builds candidates only.
+    """
+    tokens = [x0]
+    parents = [-1]
+    depths = [0]
+    kids: list[list[int]] = [[]]
+    # Per-node token -> child, only for merging.
+    kid_by_tok: list[dict[int, int]] = [{}]
+
+    def add(parent: int, tok: int) -> int:
+        if merge:
+            v = kid_by_tok[parent].get(tok)
+            if v is not None:
+                return v
+        v = len(tokens)
+        tokens.append(tok)
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+        kids.append([])
+        kids[parent].append(v)
+        if merge:
+            kid_by_tok.append({})
+            kid_by_tok[parent][tok] = v
+        return v
+
+    candidate_nodes: list[list[int]] = []
+    for cand in candidates:
+        u = 0
+        nodes = []
+        for tok in cand:
+            u = add(u, tok)
+            nodes.append(u)
+        candidate_nodes.append(nodes)
+
+    window_node: dict[tuple[int, int], int] = {(0, 0): 0}
+    if window is not None:
+        # With merge=False `add` always makes a new node, so the window stays apart from the candidates while
+        # its slots still chain as the paper's mask says: (0, i) under (0, i-1), (r, i) under (r-1, i).
+        rows = window.rows
+        nrows, ncols = len(rows), len(rows[0])
+        row0 = rows[0]
+        top = 0  # node of (0, i)
+        for i in range(ncols):
+            if i:
+                top = add(top, row0[i])
+                window_node[(0, i)] = top
+            u = top
+            for r in range(1, nrows):
+                u = add(u, rows[r][i])
+                window_node[(r, i)] = u
+
+    tree = StepTree(tokens, parents, depths, window_node, candidate_nodes, kids)
+    if max_nodes is not None:
+        tree = tree.truncate(max_nodes)
+    return tree

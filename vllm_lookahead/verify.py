@@ -1,0 +1,128 @@
+"""Verification of a step tree: greedy (exact match) and sampling (multi-candidate rejection sampling).
+
+Both return (accepted_nodes, tokens): accepted_nodes are the tree nodes taken, root excluded, in depth order;
+tokens are their tokens plus one more token from the target (the bonus / correction), so 1..depth+1 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from vllm_lookahead.tree import StepTree
+
+
+def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Longest root path whose every token equals the target's argmax at its parent, plus the bonus.
+
+    argmax[u] is the target's argmax at node u (pass a list, e.g. tensor.tolist(): indexing a tensor per node
+    is slow). In a merged tree children have distinct tokens and this is a single walk; in an unmerged tree
+    several children can match, so all matches are explored and the longest path wins (ties: lowest node
+    indices first).
+    """
+    tokens = tree.tokens
+    children = tree._children
+    depths = tree.depths
+    best: list[int] = []
+    path: list[int] = []
+    stack = [0]
+    while stack:
+        u = stack.pop()
+        if u:
+            del path[depths[u] - 1 :]
+            path.append(u)
+            if len(path) > len(best):
+                best = path.copy()
+        want = argmax[u]
+        matches = [c for c in children[u] if tokens[c] == want]
+        if matches:
+            # Reversed so the lowest index is popped (explored) first.
+            stack.extend(reversed(matches))
+    last = best[-1] if best else 0
+    return best, [tokens[u] for u in best] + [int(argmax[last])]
+
+
+def sample_verify(
+    tree: StepTree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[list[int], list[int]]:
+    """Exact speculative sampling over the tree with deterministic drafts (SpecInfer-style).
+
+    probs[u] is the target distribution at node u (after temperature/top-k/top-p), shape [num_nodes, vocab]
+    (rows need not be normalised). At node u the residual q starts as probs[u]; children are tried in node
+    order, one per distinct token t: accept with probability q[t] / sum(q), else zero q[t]. On acceptance move
+    to the child; when no child is accepted (or u is a leaf) sample the final token from the residual.
+
+    Why exact: trying distinct tokens t1, t2, ... this way outputs t_j with probability p(t_j) and any other
+    token x with probability (1 - sum_j p(t_j)) * p(x) / (1 - sum_j p(t_j)) = p(x); after accepting t the next
+    distribution is the target's conditional given t, which is probs[child].
+
+    All randomness comes from `generator` (one uniform per node, drawn in a single call): node c's uniform
+    decides c's trial, which happens at most once, and node 0's (the root is never tried) drives the final
+    draw. Only a gather of the tried probabilities, the row sums and the final row leave the device.
+    """
+    n = tree.num_nodes
+    if probs.dim() != 2 or probs.shape[0] < n:
+        raise ValueError(f"lookahead: probs must be [num_nodes >= {n}, vocab] (got {tuple(probs.shape)})")
+    tokens = tree.tokens
+    children = tree._children
+    device = probs.device
+    if generator is not None:
+        uniforms = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device).tolist()
+    else:
+        uniforms = torch.rand(n, dtype=torch.float64, device=device).tolist()
+    if n > 1:
+        idx_parent = torch.tensor(tree.parents[1:], device=device)
+        idx_tok = torch.tensor(tokens[1:], device=device)
+        # p_tok[c] = probability of c's token under its parent's distribution.
+        p_tok = [0.0, *probs[idx_parent, idx_tok].double().tolist()]
+    else:
+        p_tok = [0.0]
+    row_mass = probs[:n].double().sum(dim=-1).tolist()
+
+    accepted: list[int] = []
+    out: list[int] = []
+    u = 0
+    while True:
+        mass = row_mass[u]
+        rejected: list[int] = []
+        nxt = -1
+        for c in children[u]:
+            t = tokens[c]
+            if t in rejected:
+                continue  # unmerged duplicate: its token already has zero residual mass
+            pt = p_tok[c]
+            if pt > 0.0 and uniforms[c] * mass < pt:
+                nxt = c
+                break
+            rejected.append(t)
+            mass -= pt
+        if nxt < 0:
+            break
+        accepted.append(nxt)
+        out.append(tokens[nxt])
+        u = nxt
+
+    row = probs[u].double()
+    if rejected:
+        row = row.clone()
+        row[torch.tensor(rejected, device=device)] = 0.0
+    out.append(_sample_row(row, uniforms[0], probs[u]))
+    return accepted, out
+
+
+def _sample_row(row: torch.Tensor, uniform: float, fallback: torch.Tensor) -> int:
+    """Inverse-CDF draw from an unnormalised row; zero-probability tokens are never chosen."""
+    cdf = torch.cumsum(row, dim=0)
+    total = float(cdf[-1])
+    if not total > 0.0:
+        # Only reachable through rounding (all residual mass was in rejected tokens): use the target itself.
+        row = fallback.double()
+        cdf = torch.cumsum(row, dim=0)
+        total = float(cdf[-1])
+    x = torch.tensor([uniform * total], dtype=cdf.dtype, device=cdf.device)
+    i = int(torch.searchsorted(cdf, x, right=True))
+    if i >= row.shape[0]:
+        # uniform * total rounded up to total: take the last token with mass.
+        i = int(torch.nonzero(row > 0)[-1])
+    return i
