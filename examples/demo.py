@@ -1,6 +1,6 @@
 """The main job: generate with vLLM on the embedded default model and print the text and tokens/s.
 
-    make demo            # or: .venv/bin/python examples/demo.py [--no-lookahead] [--dtype float32]
+make demo            # or: .venv/bin/python examples/demo.py [--no-lookahead] [--dtype float32]
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ PROMPTS = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -44,7 +46,9 @@ def main() -> None:
         completion = out.outputs[0]
         n_tokens += len(completion.token_ids)
         print(f"\n### {prompt}\n{completion.text.strip()}")
-    print(f"\n{len(PROMPTS)} prompts, {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s")
+    print(
+        f"\n{len(PROMPTS)} prompts, {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

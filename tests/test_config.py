@@ -42,7 +42,10 @@ def test_defaults():
         ({"seed": -1}, "lookahead: seed must be an integer in [0, 9223372036854775807] (got -1)"),
         ({"seed": True}, "lookahead: seed must be an integer in [0, 9223372036854775807] (got True)"),
         ({"max_pool_keys": 0}, "lookahead: max_pool_keys must be an integer in [1, 1048576] (got 0)"),
-        ({"max_pool_keys": 2**20 + 1}, "lookahead: max_pool_keys must be an integer in [1, 1048576] (got 1048577)"),
+        (
+            {"max_pool_keys": 2**20 + 1},
+            "lookahead: max_pool_keys must be an integer in [1, 1048576] (got 1048577)",
+        ),
     ],
 )
 def test_invalid_values_name_parameter_and_range(kwargs, message):

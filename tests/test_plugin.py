@@ -36,5 +36,5 @@ def test_local_tag_is_ignored():
 
 
 def test_vllm_console_script_metadata():
-    # cpu_fixups writes a `vllm` distribution alias whose version carries +cpu, which the `vllm` command needs.
+    # cpu_fixups writes a `vllm` distribution alias versioned X+cpu, which the `vllm` command needs.
     assert "cpu" in md.version("vllm") or md.version("vllm") == SUPPORTED_VLLM_VERSION

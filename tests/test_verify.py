@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_lookahead import verify as verify_module
 from vllm_lookahead.tree import StepTree, build_step_tree
 from vllm_lookahead.verify import greedy_verify, sample_verify
 from vllm_lookahead.window import JacobiWindow
@@ -153,6 +154,7 @@ def test_greedy_small_example():
     assert greedy_verify(tree, argmax) == ([1, 4], [1, 4, 7])
     assert greedy_verify(tree, [5, 0, 0, 0, 0]) == ([], [5])  # nothing matches: just the target's token
     assert greedy_verify(tree, [1, 2, 3, 8, 0]) == ([1, 2, 3], [1, 2, 3, 8])  # full candidate + bonus
+    assert greedy_verify(tree, torch.tensor([1, 2, 3, 8, 0])) == ([1, 2, 3], [1, 2, 3, 8])
 
 
 def test_greedy_unmerged_takes_longest_not_first_match():
@@ -287,7 +289,8 @@ def test_one_hot_sampling_equals_greedy(tree, seed):
     nodes, toks = sample_verify(tree, probs, gen)
     g_nodes, g_toks = greedy_verify(tree, argmax)
     merged = all(
-        len({tree.tokens[c] for c in tree.children(u)}) == len(tree.children(u)) for u in range(tree.num_nodes)
+        len({tree.tokens[c] for c in tree.children(u)}) == len(tree.children(u))
+        for u in range(tree.num_nodes)
     )
     if merged:
         assert (nodes, toks) == (g_nodes, g_toks)
@@ -300,7 +303,8 @@ def test_sample_verify_seeded_reproducible_and_shape_checked():
     tree, probs, _ = _fixed_case(True)
     probs_t = torch.tensor(probs)
     runs = [
-        [sample_verify(tree, probs_t, torch.Generator().manual_seed(s))[1] for s in range(40)] for _ in range(2)
+        [sample_verify(tree, probs_t, torch.Generator().manual_seed(s))[1] for s in range(40)]
+        for _ in range(2)
     ]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[0]}) > 1
@@ -312,3 +316,16 @@ def test_sample_verify_root_only_and_float32():
     tree = build_step_tree(3, None, [])
     probs = torch.tensor([[0.0, 0.0, 1.0, 0.0]], dtype=torch.float32)
     assert sample_verify(tree, probs, torch.Generator().manual_seed(0)) == ([], [2])
+    with pytest.raises(ValueError, match="no probability mass"):
+        sample_verify(tree, torch.zeros(1, 4), torch.Generator())
+
+
+def test_sample_row_inverse_cdf_never_picks_zero_mass():
+    # Extreme uniforms (0 and the largest float64 below 1) must land on tokens that have mass.
+    probs = torch.tensor([[0.0, 0.0, 0.7, 0.3, 0.0], [0.1, 0.0, 0.0, 0.0, 0.9]], dtype=torch.float64)
+    for q in range(20):
+        probs[0, 2] = 0.1 + q * 0.04
+        assert verify_module._sample_row(probs[0], 1.0 - 2.0**-53, None) in (2, 3)
+        assert verify_module._sample_row(probs[0], 0.0, None) == 2
+    assert verify_module._sample_row(probs[1], 0.0999, None) == 0
+    assert verify_module._sample_row(probs[1], 0.1001, None) == 4

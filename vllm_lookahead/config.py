@@ -59,7 +59,7 @@ class LookaheadParams:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> LookaheadParams:
-        """Build from a user mapping (e.g. speculative_config extras); unknown keys are an error, not ignored."""
+        """Build from a user mapping (e.g. speculative_config extras); unknown keys are errors."""
         if d is None:
             return cls()
         if not isinstance(d, Mapping):

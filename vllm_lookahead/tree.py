@@ -100,7 +100,7 @@ class StepTree:
         return mask
 
     def window_output_nodes(self, last_row: int, num_cols: int) -> list[int | None]:
-        """Node of each slot (last_row, i), None where truncated away: where the window update reads argmax."""
+        """Node of each slot (last_row, i), None where cut off: where the window update reads argmax."""
         get = self.window_node.get
         return [get((last_row, i)) for i in range(num_cols)]
 

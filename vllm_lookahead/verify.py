@@ -16,11 +16,12 @@ from vllm_lookahead.tree import StepTree
 def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
     """Longest root path whose every token equals the target's argmax at its parent, plus the bonus.
 
-    argmax[u] is the target's argmax at node u (pass a list, e.g. tensor.tolist(): indexing a tensor per node
-    is slow). In a merged tree children have distinct tokens and this is a single walk; in an unmerged tree
-    several children can match, so all matches are explored and the longest path wins (ties: lowest node
-    indices first).
+    argmax[u] is the target's argmax at node u (a tensor is converted with one .tolist()). In a merged tree
+    children have distinct tokens and this is a single walk; in an unmerged tree several children can match,
+    so all matches are explored and the longest path wins (ties: lowest node indices first).
     """
+    if isinstance(argmax, torch.Tensor):
+        argmax = argmax.tolist()
     tokens = tree.tokens
     children = tree._children
     depths = tree.depths
@@ -59,7 +60,8 @@ def sample_verify(
 
     All randomness comes from `generator` (one uniform per node, drawn in a single call): node c's uniform
     decides c's trial, which happens at most once, and node 0's (the root is never tried) drives the final
-    draw. Only a gather of the tried probabilities, the row sums and the final row leave the device.
+    draw. Host syncs: one transfer of n uniforms, tried probabilities and row sums, then one for the final
+    draw; the walk itself is plain Python.
     """
     n = tree.num_nodes
     if probs.dim() != 2 or probs.shape[0] < n:
@@ -68,31 +70,35 @@ def sample_verify(
     children = tree._children
     device = probs.device
     if generator is not None:
-        uniforms = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device).tolist()
+        uniforms = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device)
+        if uniforms.device != device:
+            uniforms = uniforms.to(device)
     else:
-        uniforms = torch.rand(n, dtype=torch.float64, device=device).tolist()
-    if n > 1:
-        idx_parent = torch.tensor(tree.parents[1:], device=device)
-        idx_tok = torch.tensor(tokens[1:], device=device)
-        # p_tok[c] = probability of c's token under its parent's distribution.
-        p_tok = [0.0, *probs[idx_parent, idx_tok].double().tolist()]
-    else:
-        p_tok = [0.0]
-    row_mass = probs[:n].double().sum(dim=-1).tolist()
+        uniforms = torch.rand(n, dtype=torch.float64, device=device)
+    # p_tok[c] = probability of c's token under its parent's distribution (entry 0, the root's, is unused).
+    vocab = probs.shape[1]
+    flat = [max(p, 0) * vocab + t for p, t in zip(tree.parents, tokens, strict=True)]
+    p_tok = probs.reshape(-1)[torch.tensor(flat, device=device)]
+    # Summed in the input's dtype (a float64 accumulator is ~15x slower on CPU): the error is at the level of
+    # the probabilities' own rounding.
+    row_mass = probs[:n].sum(dim=-1)
+    # One device-to-host transfer for everything the walk needs (cat promotes to float64).
+    host = torch.cat([uniforms, p_tok, row_mass]).tolist()
+    uniforms_l, p_tok_l, row_mass_l = host[:n], host[n : 2 * n], host[2 * n :]
 
     accepted: list[int] = []
     out: list[int] = []
     u = 0
     while True:
-        mass = row_mass[u]
+        mass = row_mass_l[u]
         rejected: list[int] = []
         nxt = -1
         for c in children[u]:
             t = tokens[c]
             if t in rejected:
                 continue  # unmerged duplicate: its token already has zero residual mass
-            pt = p_tok[c]
-            if pt > 0.0 and uniforms[c] * mass < pt:
+            pt = p_tok_l[c]
+            if pt > 0.0 and uniforms_l[c] * mass < pt:
                 nxt = c
                 break
             rejected.append(t)
@@ -107,22 +113,23 @@ def sample_verify(
     if rejected:
         row = row.clone()
         row[torch.tensor(rejected, device=device)] = 0.0
-    out.append(_sample_row(row, uniforms[0], probs[u]))
+    out.append(_sample_row(row, uniforms_l[0], probs[u]))
     return accepted, out
 
 
-def _sample_row(row: torch.Tensor, uniform: float, fallback: torch.Tensor) -> int:
-    """Inverse-CDF draw from an unnormalised row; zero-probability tokens are never chosen."""
+def _sample_row(row: torch.Tensor, uniform: float, fallback: torch.Tensor | None) -> int:
+    """Inverse-CDF draw from an unnormalised float64 row; zero-probability tokens are never chosen."""
     cdf = torch.cumsum(row, dim=0)
-    total = float(cdf[-1])
-    if not total > 0.0:
+    total = cdf[-1:]
+    # right=True: the first index whose cdf exceeds x, which can never be a zero-probability token.
+    i = torch.searchsorted(cdf, total * uniform, right=True)
+    i_host, total_host = torch.cat([i.to(cdf.dtype), total]).tolist()
+    if not total_host > 0.0:
         # Only reachable through rounding (all residual mass was in rejected tokens): use the target itself.
-        row = fallback.double()
-        cdf = torch.cumsum(row, dim=0)
-        total = float(cdf[-1])
-    x = torch.tensor([uniform * total], dtype=cdf.dtype, device=cdf.device)
-    i = int(torch.searchsorted(cdf, x, right=True))
-    if i >= row.shape[0]:
+        if fallback is None:
+            raise ValueError("lookahead: a target distribution has no probability mass")
+        return _sample_row(fallback.double(), uniform, None)
+    if i_host >= row.shape[0]:
         # uniform * total rounded up to total: take the last token with mass.
-        i = int(torch.nonzero(row > 0)[-1])
-    return i
+        return int(torch.nonzero(row > 0)[-1])
+    return int(i_host)

@@ -75,7 +75,7 @@ class JacobiWindow:
         return self._rows[0][0]
 
     def set_x0(self, x0: int) -> None:
-        """Slot (0, 0) is the tree root; it must be the real x0 before the step so column 0's n-gram is right."""
+        """Slot (0, 0) is the tree root; set the real x0 before the step so column 0's n-gram is right."""
         self._rows[0][0] = x0
 
     def num_slots(self) -> int:
@@ -94,9 +94,9 @@ class JacobiWindow:
         """Advance one position; returns the n-grams (key, value) the pool should learn (none in warm-up).
 
         `last_outputs[i]` is the target's argmax at slot (fill, i), the prediction for position
-        p + fill + i + 1; only the last row's outputs are needed. None marks a slot that was not computed (tree
-        truncated): it is replaced by the old guess for the same position, old slot (fill, i+1) (or the
-        row's last token for the last column), and its column yields no n-gram.
+        p + fill + i + 1; only the last row's outputs are needed. None marks a slot that was not computed
+        (tree truncated): it is replaced by the old guess for the same position, old slot (fill, i+1) (or
+        the row's last token for the last column), and its column yields no n-gram.
         """
         rows = self._rows
         k = self._fill
@@ -127,7 +127,9 @@ class JacobiWindow:
         if complete:
             ngrams = list(zip(keys, columns, strict=True))
         else:
-            ngrams = [(key, col) for key, col, o in zip(keys, columns, last_outputs, strict=True) if o is not None]
+            ngrams = [
+                (key, col) for key, col, o in zip(keys, columns, last_outputs, strict=True) if o is not None
+            ]
         # Shift up: new (r, i) at p+1+r+i is old (r+1, i); the outputs become the last row; row 0 keeps
         # x0_new at column 0 instead of the old row 1's column 0.
         nxt = rows[1:]

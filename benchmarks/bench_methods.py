@@ -1,0 +1,431 @@
+"""Compare speculative methods in vLLM (offline `LLM`) on the same real prompts.
+
+    python benchmarks/bench_methods.py --methods none,ngram,suffix --datasets humaneval,sharegpt
+
+Each method runs in a fresh subprocess (this script with `--worker METHOD`), so engines never overlap in
+memory and a crash in one method is reported as a row, not fatal. Prints a markdown table, saves a PNG chart
+and appends one JSON line per (dataset, method) to a JSONL file; both are named after the run settings.
+See benchmarks/README.md for the columns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+# method name -> speculative_config (None: plain decoding)
+METHODS: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 8},
+    # Provided by this plugin once the lookahead method lands; not in the default list until then.
+    "lookahead": {"method": "lookahead"},
+}
+# method -> (module that must be importable, how to get it)
+REQUIRES: dict[str, tuple[str, str]] = {
+    "suffix": ("arctic_inference", "pip install arctic-inference==0.3.0 --no-deps"),
+}
+DEFAULT_METHODS = "none,ngram,suffix"
+DATASETS = ("humaneval", "sharegpt")
+WARMUP_PROMPT = "The three primary colours are"
+SPEC_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
+    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
+    p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (greedy)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="1: one request at a time, each timed end to end; N>1: all prompts at once, max_num_seqs=N",
+    )
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument(
+        "--eager",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="enforce_eager (default: compiled; the first compiled start takes about 80 s, cached after)",
+    )
+    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+    p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
+    # Internal: run one method and write its raw results as JSON.
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
+    args.dataset_list = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    for m in args.method_list:
+        if m not in METHODS:
+            p.error(f"unknown method '{m}'; known: {', '.join(METHODS)}")
+    for d in args.dataset_list:
+        if d not in DATASETS:
+            p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
+    if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1:
+        p.error("--concurrency, --num-prompts and --max-tokens must be positive")
+    if args.lookahead_config is not None:
+        try:
+            extra = json.loads(args.lookahead_config)
+        except json.JSONDecodeError as e:
+            p.error(f"--lookahead-config is not JSON: {e}")
+        if not isinstance(extra, dict):
+            p.error("--lookahead-config must be a JSON object")
+    return args
+
+
+def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    spec = METHODS[method]
+    if spec is None:
+        return None
+    spec = dict(spec)
+    if method == "lookahead" and args.lookahead_config:
+        spec.update(json.loads(args.lookahead_config))
+    return spec
+
+
+def model_path(args: argparse.Namespace) -> str:
+    if args.model:
+        return str(args.model)
+    from vllm_lookahead.models import default_model_path
+
+    return default_model_path()
+
+
+# ----------------------------------------------------------------------------------------------- worker side
+
+
+def load_prompts(dataset: str, n: int, tokenizer: Any) -> list[str]:
+    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+
+    if dataset == "humaneval":
+        return humaneval_prompts(n)  # raw code completion
+    return [as_chat(tokenizer, text) for text in sharegpt_prompts(n)]
+
+
+def spec_counters(llm: Any) -> dict[str, Any]:
+    """Speculative-decoding counters summed over engines (label sets); zeros when the engine has none."""
+    from vllm.v1.metrics.reader import Counter, Vector
+
+    totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS}
+    per_pos: list[int] = []
+    names = {name: key for key, name in SPEC_COUNTERS.items()}
+    for metric in llm.get_metrics():
+        if isinstance(metric, Counter) and metric.name in names:
+            totals[names[metric.name]] += metric.value
+        elif isinstance(metric, Vector) and metric.name == SPEC_PER_POS:
+            per_pos += [0] * (len(metric.values) - len(per_pos))
+            for i, v in enumerate(metric.values):
+                per_pos[i] += v
+    totals["accepted_per_pos"] = per_pos
+    return totals
+
+
+def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: str) -> dict[str, Any]:
+    from tqdm import tqdm
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    before = spec_counters(llm)
+    per_prompt: list[dict[str, Any]] = []
+    token_ids: list[list[int]] = []
+    if args.concurrency == 1:
+        elapsed = 0.0
+        for prompt in tqdm(prompts, desc=label, unit="prompt"):
+            t0 = time.perf_counter()
+            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            dt = time.perf_counter() - t0
+            elapsed += dt
+            token_ids.append(list(out.outputs[0].token_ids))
+            n_prompt, n_out = len(out.prompt_token_ids), len(token_ids[-1])
+            per_prompt.append({"prompt_tokens": n_prompt, "output_tokens": n_out, "time_s": dt})
+    else:
+        print(f"{label}: {len(prompts)} prompts at once", file=sys.stderr)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=True)
+        elapsed = time.perf_counter() - t0
+        for out in outs:
+            token_ids.append(list(out.outputs[0].token_ids))
+            n_prompt, n_out = len(out.prompt_token_ids), len(token_ids[-1])
+            per_prompt.append({"prompt_tokens": n_prompt, "output_tokens": n_out})
+    after = spec_counters(llm)
+    spec = {key: after[key] - before[key] for key in SPEC_COUNTERS}
+    pos_after, pos_before = after["accepted_per_pos"], before["accepted_per_pos"]
+    pos_before = pos_before + [0] * (len(pos_after) - len(pos_before))
+    spec["accepted_per_pos"] = [a - b for a, b in zip(pos_after, pos_before, strict=True)]
+    return {
+        "status": "ok",
+        "output_tokens": sum(p["output_tokens"] for p in per_prompt),
+        "time_s": elapsed,
+        "spec": spec,
+        "per_prompt": per_prompt,
+        "token_ids": token_ids,
+    }
+
+
+def worker(args: argparse.Namespace) -> int:
+    method = args.worker
+    result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
+
+    def finish(**fields: Any) -> int:
+        result.update(fields)
+        Path(args.result_file).write_text(json.dumps(result))
+        return 0
+
+    if method in REQUIRES:
+        module, how = REQUIRES[method]
+        if importlib.util.find_spec(module) is None:
+            return finish(status="skipped", reason=f"{module} is not installed ({how})")
+
+    from vllm import LLM
+
+    try:
+        llm = LLM(
+            model=model_path(args),
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.concurrency,
+            seed=0,
+            enforce_eager=args.eager,
+            disable_log_stats=False,  # get_metrics() needs the stat loggers
+            speculative_config=result["spec_config"],
+        )
+    except Exception as e:  # an engine that rejects the method: report it and go on with the others
+        status = "failed" if method == "none" else "skipped"
+        return finish(status=status, reason=f"engine rejected it: {type(e).__name__}: {_first_line(e)}")
+
+    from vllm import SamplingParams
+
+    llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    tokenizer = llm.get_tokenizer()
+    datasets: dict[str, Any] = {}
+    for dataset in args.dataset_list:
+        prompts = load_prompts(dataset, args.num_prompts, tokenizer)
+        try:
+            datasets[dataset] = run_dataset(llm, prompts, args, f"{method}/{dataset}")
+        except Exception as e:
+            datasets[dataset] = {"status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}"}
+    return finish(status="ok", datasets=datasets)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+# ------------------------------------------------------------------------------------------------- main side
+
+
+def run_child(cmd: list[str]) -> tuple[int, str]:
+    """Run cmd with its output forwarded to our stderr as it comes; return its exit code and output tail."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    tail = bytearray()
+    while chunk := proc.stdout.read1(65536):
+        sys.stderr.buffer.write(chunk)
+        sys.stderr.buffer.flush()
+        tail += chunk
+        del tail[:-4000]
+    return proc.wait(), tail.decode(errors="replace")
+
+
+def run_method(method: str, argv: list[str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-methods-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", method]
+        rc, tail = run_child(cmd + ["--result-file", str(result_file)])
+        if result_file.exists():
+            return json.loads(result_file.read_text())
+    lines = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()]
+    reason = f"worker exited with code {rc}" + (f": {lines[-1].strip()[:300]}" if lines else "")
+    return {"method": method, "status": "failed", "reason": reason}
+
+
+def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for dataset in args.dataset_list:
+        base = results.get("none", {}).get("datasets", {}).get(dataset, {})
+        base_ok = base.get("status") == "ok"
+        for method in args.method_list:
+            res = results[method]
+            data = res.get("datasets", {}).get(dataset) if res["status"] == "ok" else None
+            row: dict[str, Any] = {"dataset": dataset, "method": method}
+            row["spec_config"] = res.get("spec_config")
+            if data is None or data["status"] != "ok":
+                row.update(status=res["status"] if data is None else data["status"])
+                row["reason"] = (data or res).get("reason", "")
+                rows.append(row)
+                continue
+            out, spec = data["output_tokens"], data["spec"]
+            tps = out / data["time_s"] if data["time_s"] > 0 else float("nan")
+            forwards = out - spec["accepted_tokens"]
+            drafts = spec["drafts"]
+            row.update(
+                status="ok",
+                prompts=len(data["token_ids"]),
+                output_tokens=out,
+                time_s=data["time_s"],
+                tokens_per_s=tps,
+                tokens_per_forward=out / forwards if forwards > 0 else float("nan"),
+                acceptance=spec["accepted_tokens"] / spec["draft_tokens"] if spec["draft_tokens"] else None,
+                accepted_per_pos=[a / drafts for a in spec["accepted_per_pos"]] if drafts else [],
+                spec_counters=spec,
+                per_prompt=data["per_prompt"],
+            )
+            if base_ok:
+                row["vs_none"] = tps / (base["output_tokens"] / base["time_s"])
+                row["identical"] = sum(
+                    a == b for a, b in zip(data["token_ids"], base["token_ids"], strict=True)
+                )
+            rows.append(row)
+    return rows
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    head = [
+        "dataset", "method", "status", "out tokens", "time s", "tokens/s", "vs none", "tokens/forward",
+        "acceptance", "accepted per position", "identical to none",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r["status"] != "ok":
+            cells = [r["dataset"], r["method"], r["status"]] + [""] * (len(head) - 3)
+        else:
+            identical = f"{r['identical']}/{r['prompts']}" if "identical" in r else "n/a"
+            cells = [
+                r["dataset"],
+                r["method"],
+                "ok",
+                str(r["output_tokens"]),
+                f"{r['time_s']:.2f}",
+                f"{r['tokens_per_s']:.1f}",
+                _fmt(r.get("vs_none"), ".2f"),
+                f"{r['tokens_per_forward']:.2f}",
+                _fmt(r["acceptance"], ".2f"),
+                " ".join(f"{a:.2f}" for a in r["accepted_per_pos"]) or "-",
+                identical,
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path, title: str) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    methods = [m for m in args.method_list if any(r["method"] == m for r in ok)]
+    if not ok:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    width = 0.8 / len(methods)
+    panels = [("vs_none", "tokens/s relative to none"), ("tokens_per_forward", "tokens per target forward")]
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for j, method in enumerate(methods):
+            xs, ys = [], []
+            for i, dataset in enumerate(args.dataset_list):
+                for r in ok:
+                    if r["dataset"] == dataset and r["method"] == method and r.get(key) is not None:
+                        xs.append(i + (j - (len(methods) - 1) / 2) * width)
+                        ys.append(r[key])
+            bars = ax.bar(xs, ys, width, label=method)
+            ax.bar_label(bars, fmt="%.2f", fontsize=8)
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        ax.set_xticks(range(len(args.dataset_list)), args.dataset_list)
+        ax.set_ylabel(label)
+        ax.set_title(label)
+    axes[0].legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def run_stem(args: argparse.Namespace) -> str:
+    mode = "eager" if args.eager else "compiled"
+    return (
+        f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}_{mode}"
+        f"_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    model = model_path(args)  # prepare the default model once, before the workers need it
+    results: dict[str, dict[str, Any]] = {}
+    for method in args.method_list:
+        print(f"=== {method} ===", file=sys.stderr)
+        results[method] = run_method(method, argv)
+    for method, res in results.items():
+        if res["status"] != "ok":
+            print(f"{method}: {res['status']}: {res.get('reason', '')}")
+        for dataset, data in res.get("datasets", {}).items():
+            if data["status"] != "ok":
+                print(f"{method}/{dataset}: {data['status']}: {data.get('reason', '')}")
+
+    rows = build_rows(args, results)
+    mode = "eager" if args.eager else "compiled"
+    title = (
+        f"{Path(model).name}, {args.dtype}, {mode}, greedy, concurrency {args.concurrency}, "
+        f"{args.num_prompts} prompts x {args.max_tokens} tokens"
+    )
+    print(f"\n{title}\n")
+    print(markdown_table(rows))
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = run_stem(args)
+    png, jsonl = out_dir / f"{stem}.png", out_dir / f"{stem}.jsonl"
+    if save_chart(rows, args, png, title):
+        print(f"\nchart: {png}")
+    settings = {
+        "model": model,
+        "dtype": args.dtype,
+        "eager": args.eager,
+        "concurrency": args.concurrency,
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "max_model_len": args.max_model_len,
+        "cpu_count": os.cpu_count(),
+    }
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with open(jsonl, "a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"time": stamp, "settings": settings, **row}) + "\n")
+    print(f"raw results appended to: {jsonl}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

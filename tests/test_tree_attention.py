@@ -1,0 +1,78 @@
+"""Tree attention on the paged CPU cache, against a dense reference built from the same K/V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_lookahead.tree import build_step_tree
+from vllm_lookahead.tree_attention import (
+    TreeSpan,
+    apply_tree_attention,
+    check_cache_layout,
+    gather_kv,
+    read_slots,
+)
+
+
+def _writer(isa: str):
+    import vllm._custom_ops as ops
+
+    return lambda k, v, kc, vc, slots: ops.cpu_attn_reshape_and_cache(k, v, kc, vc, slots, isa)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [32, 128])
+def test_layout_check_passes_for_the_vec_layout(dtype, block_size):
+    check_cache_layout(_writer("vec"), dtype, num_kv_heads=3, head_size=64, block_size=block_size)
+
+
+def test_layout_check_fails_loudly_on_a_layout_it_does_not_know():
+    def plain_writer(k, v, kc, vc, slots):  # keys not transposed: not what the reader expects
+        bs = kc.shape[2]
+        kc[slots // bs, :, slots % bs] = k
+        vc[slots // bs, :, slots % bs] = v
+
+    with pytest.raises(RuntimeError, match="layout"):
+        check_cache_layout(plain_writer, torch.float32, num_kv_heads=2, head_size=64, block_size=32)
+
+
+def test_tree_attention_matches_dense_masked_attention():
+    torch.manual_seed(0)
+    heads, kv_heads, d, bs = 6, 2, 64, 32
+    prefix = 45
+    tree = build_step_tree(7, None, [(1, 2, 3), (1, 4, 5), (6,)], merge=True)
+    n = tree.num_nodes
+    seq_len = prefix + n
+    key = torch.randn(seq_len, kv_heads, d)
+    value = torch.randn(seq_len, kv_heads, d)
+    nb = 4
+    kv = torch.zeros(nb, kv_heads, bs, 2 * d)
+    kc, vc = kv.view(nb, kv_heads, 2 * bs, d).chunk(2, dim=2)
+    block_ids = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
+    pos = torch.arange(seq_len)
+    slots = block_ids.long()[pos // bs] * bs + pos % bs
+    _writer("vec")(key, value, kc, vc, slots)
+
+    q_start = 5  # other requests' rows around it must stay untouched
+    query = torch.randn(q_start + n + 3, heads, d)
+    output = torch.full((q_start + n + 3, heads * d), 7.0)
+    mask = torch.tensor(tree.ancestors_mask())
+    span = TreeSpan(q_start=q_start, num_nodes=n, seq_len=seq_len, block_ids=block_ids, mask=mask)
+    apply_tree_attention(query, kc, vc, output, [span], scale=0.125)
+
+    assert torch.all(output[:q_start] == 7.0) and torch.all(output[q_start + n :] == 7.0)
+    groups = heads // kv_heads
+    for u in range(n):
+        visible = list(range(prefix)) + [prefix + v for v in range(n) if mask[u, v]]
+        for h in range(heads):
+            qv = query[q_start + u, h]
+            k = key[visible, h // groups]
+            w = torch.softmax((k @ qv) * 0.125, dim=0)
+            ref = w @ value[visible, h // groups]
+            got = output[q_start + u].view(heads, d)[h]
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    k_all, v_all = gather_kv(kc, vc, block_ids, seq_len)
+    assert torch.equal(k_all, key.transpose(0, 1)) and torch.equal(v_all, value.transpose(0, 1))
+    rk, rv = read_slots(kc, vc, block_ids, [prefix + 2, 0])
+    assert torch.equal(rk, key[[prefix + 2, 0]]) and torch.equal(rv, value[[prefix + 2, 0]])
