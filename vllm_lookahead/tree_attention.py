@@ -131,3 +131,15 @@ def check_cache_layout(
             "vllm-lookahead: this vLLM build's CPU attention KV-cache layout is not the one the lookahead "
             f"attention path reads (dtype={dtype}, block_size={block_size}); lookahead cannot run here."
         )
+
+
+def ancestor_mask_tensor(tree) -> torch.Tensor:
+    """[n, n] bool: mask[u, v] iff v is u or an ancestor of u (from StepTree.parents, parents first)."""
+    n = tree.num_nodes
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    parents = tree.parents
+    mask[0, 0] = True
+    for u in range(1, n):
+        mask[u] = mask[parents[u]]
+        mask[u, u] = True
+    return mask

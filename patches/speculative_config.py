@@ -1,0 +1,146 @@
+"""SpeculativeConfig: accept `method: "lookahead"` and its keys, and derive num_speculative_tokens.
+
+vLLM's SpeculativeConfig is a pydantic dataclass with a fixed `method` Literal that forbids unknown keys.
+The patch widens the Literal, adds the lookahead keys as optional fields (so pydantic still rejects any
+other key, naming it), and wraps `__post_init__` to validate them with `LookaheadParams` and to set what a
+model-less method needs. `[lookahead]` as the model (`--spec-model "[lookahead]"`) selects the method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Optional
+
+from patches import Patch
+
+METHOD = "lookahead"
+# speculative_config key -> LookaheadParams field
+KEYS = {
+    "window_size": "window_size",
+    "ngram_size": "ngram_size",
+    "guess_set_size": "guess_set_size",
+    "pool_from_prompt": "pool_from_prompt",
+    "lookahead_seed": "seed",
+}
+_KEY_TYPES: dict[str, Any] = {k: Optional[Any] for k in KEYS}  # noqa: UP045 - pydantic needs a runtime type
+SHORTHANDS = ("lookahead", "[lookahead]")
+# vLLM's rejection sampler handles at most this many drafts per request and step.
+MAX_SPEC_LEN = 128
+
+
+def _owner():
+    from vllm.config.speculative import SpeculativeConfig
+
+    return SpeculativeConfig
+
+
+def lookahead_params(cfg: Any):
+    """The validated LookaheadParams of a (patched) SpeculativeConfig."""
+    from vllm_lookahead.config import LookaheadParams
+
+    given = {KEYS[k]: getattr(cfg, k) for k in KEYS if getattr(cfg, k, None) is not None}
+    return LookaheadParams(**given)
+
+
+def _post_init(original):
+    def __post_init__(self) -> None:
+        if self.method is None and self.model in SHORTHANDS:
+            self.method = METHOD
+        if self.method != METHOD:
+            stray = [k for k in KEYS if getattr(self, k, None) is not None]
+            if stray:
+                raise ValueError(
+                    f"speculative_config: {', '.join(stray)} only apply to method 'lookahead' "
+                    f"(method is {self.method!r})"
+                )
+            return original(self)
+        from vllm_lookahead.plugin import check_vllm_version
+
+        check_vllm_version()
+        params = lookahead_params(self)  # ValueError naming the field and its range
+        needed = params.tree_size - 1  # every node but the root x0 is a draft token
+        if needed > MAX_SPEC_LEN:
+            raise ValueError(
+                f"lookahead: the step tree of window_size={params.window_size}, ngram_size={params.ngram_size}, "
+                f"guess_set_size={params.guess_set_size} has {needed} draft tokens, more than vLLM's limit of "
+                f"{MAX_SPEC_LEN} per step; lower window_size, ngram_size or guess_set_size"
+            )
+        if self.num_speculative_tokens is None:
+            self.num_speculative_tokens = needed
+        elif self.num_speculative_tokens < needed:
+            raise ValueError(
+                f"lookahead: num_speculative_tokens={self.num_speculative_tokens} is too small for the step tree "
+                f"({needed} draft tokens for window_size={params.window_size}, ngram_size={params.ngram_size}, "
+                f"guess_set_size={params.guess_set_size}); leave it unset or give at least {needed}"
+            )
+        elif self.num_speculative_tokens > MAX_SPEC_LEN:
+            raise ValueError(
+                f"lookahead: num_speculative_tokens must be in [{needed}, {MAX_SPEC_LEN}] "
+                f"(got {self.num_speculative_tokens})"
+            )
+        self.model = METHOD
+        self.prompt_lookup_max = 0
+        self.prompt_lookup_min = 0
+        self.draft_model_config = self.target_model_config
+        self.draft_parallel_config = self.target_parallel_config
+
+    __post_init__.__wrapped__ = original
+    return __post_init__
+
+
+def _rebuild_schema(cls) -> None:
+    """Widen (patched) or restore (reverted) the pydantic schema to match `__post_init__`."""
+    import vllm.config.speculative as sp
+    from pydantic.dataclasses import rebuild_dataclass
+    from pydantic.fields import FieldInfo
+
+    patched = hasattr(cls.__dict__["__post_init__"], "__wrapped__")
+    method_t = Optional[Literal[sp.SpeculativeMethod, METHOD]] if patched else Optional[sp.SpeculativeMethod]  # noqa: UP045
+    for store in (cls.__annotations__,):
+        store["method"] = method_t
+    cls.__dataclass_fields__["method"].type = method_t
+    cls.__pydantic_fields__["method"] = FieldInfo.from_annotated_attribute(method_t, None)
+    for name, typ in _KEY_TYPES.items():
+        if patched:
+            f = dataclasses.field(default=None)
+            f.name, f.type = name, typ
+            f._field_type = dataclasses._FIELD  # type: ignore[attr-defined]
+            cls.__dataclass_fields__[name] = f
+            cls.__annotations__[name] = typ
+            cls.__pydantic_fields__[name] = FieldInfo.from_annotated_attribute(typ, None)
+            setattr(cls, name, None)
+        else:
+            for store in (cls.__dataclass_fields__, cls.__annotations__, cls.__pydantic_fields__):
+                store.pop(name, None)
+            if name in cls.__dict__:
+                delattr(cls, name)
+    rebuild_dataclass(cls, force=True, _types_namespace=vars(sp))
+
+
+def _v2_owner():
+    from vllm.config.vllm import VllmConfig
+
+    return VllmConfig
+
+
+def _v2_unsupported(original):
+    # The V2 model runner (picked where Triton works) has none of the runner patches: stay on V1.
+    def _get_v2_model_runner_unsupported_features(self) -> list[str]:
+        unsupported = original(self)
+        sc = self.speculative_config
+        if sc is not None and sc.method == METHOD:
+            unsupported.append("lookahead speculative decoding")
+        return unsupported
+
+    return _get_v2_model_runner_unsupported_features
+
+
+PATCHES = [
+    Patch("speculative_config.__post_init__", _owner, "__post_init__", _post_init, after=_rebuild_schema),
+    Patch(
+        "vllm_config._get_v2_model_runner_unsupported_features",
+        _v2_owner,
+        "_get_v2_model_runner_unsupported_features",
+        _v2_unsupported,
+    ),
+]
