@@ -14,9 +14,11 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -241,16 +243,33 @@ def _one_line(e: BaseException, limit: int = 400) -> str:
 
 
 def run_child(cmd: list[str]) -> tuple[int, str]:
-    """Run cmd with its output forwarded to our stderr as it comes; return its exit code and output tail."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    """Run cmd with its output forwarded to our stderr as it comes; return its exit code and output tail.
+
+    The child gets a session of its own so that, once it exits, whatever it left behind (an engine core whose
+    parent crashed waits minutes before giving up) is ended with it and cannot hold memory or our pipe.
+    """
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     assert proc.stdout is not None
-    tail = bytearray()
-    while chunk := proc.stdout.read1(65536):
-        sys.stderr.buffer.write(chunk)
-        sys.stderr.buffer.flush()
-        tail += chunk
-        del tail[:-4000]
-    return proc.wait(), tail.decode(errors="replace")
+    stream, tail = proc.stdout, bytearray()
+
+    def pump() -> None:
+        while chunk := stream.read1(65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            tail.extend(chunk)
+            del tail[:-4000]
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait()
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    reader.join(timeout=10)
+    return rc, bytes(tail).decode(errors="replace")
 
 
 def run_method(method: str, argv: list[str]) -> dict[str, Any]:
@@ -261,7 +280,8 @@ def run_method(method: str, argv: list[str]) -> dict[str, Any]:
         if result_file.exists():
             return json.loads(result_file.read_text())
     lines = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()]
-    reason = f"worker exited with code {rc}" + (f": {lines[-1].strip()[:300]}" if lines else "")
+    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+    reason = f"worker {how}" + (f"; its last output: {lines[-1].strip()[:300]}" if lines else "")
     return {"method": method, "status": "failed", "reason": reason}
 
 

@@ -22,6 +22,7 @@ class Patch:
     after: Callable[[Any], None] | None = None  # called with the owner once the attribute is set
 
 
+_MISSING = object()  # the attribute did not exist before the patch (the patch adds it)
 _originals: dict[str, tuple[Any, str, Any]] = {}
 
 
@@ -35,9 +36,9 @@ def applied() -> list[str]:
 
 
 def all_patches() -> list[Patch]:
-    from patches import attention, model_runner, speculative_config
+    from patches import attention, cli, model_runner, speculative_config
 
-    return [*speculative_config.PATCHES, *model_runner.PATCHES, *attention.PATCHES]
+    return [*speculative_config.PATCHES, *cli.PATCHES, *model_runner.PATCHES, *attention.PATCHES]
 
 
 def apply_all() -> None:
@@ -46,7 +47,10 @@ def apply_all() -> None:
         if p.name in _originals:
             continue
         owner = p.owner()
-        orig = owner.__dict__[p.attr] if isinstance(owner, type) else getattr(owner, p.attr)
+        if isinstance(owner, type):
+            orig = owner.__dict__.get(p.attr, _MISSING)
+        else:
+            orig = getattr(owner, p.attr, _MISSING)
         _originals[p.name] = (owner, p.attr, orig)
         setattr(owner, p.attr, p.make(orig))
         if p.after is not None:
@@ -60,6 +64,9 @@ def revert_all() -> None:
         if entry is None:
             continue
         owner, attr, orig = entry
-        setattr(owner, attr, orig)
+        if orig is _MISSING:
+            delattr(owner, attr)
+        else:
+            setattr(owner, attr, orig)
         if p.after is not None:
             p.after(owner)

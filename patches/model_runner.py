@@ -97,7 +97,24 @@ def _propose(original):
     return propose_draft_token_ids
 
 
+def _worker_owner():
+    from vllm.v1.worker.worker_base import WorkerBase
+
+    return WorkerBase
+
+
+def _worker_stats(_missing):
+    # `LLM.collective_rpc("lookahead_stats")` reads the counters without pickling a function.
+    def lookahead_stats(self):
+        from vllm_lookahead.engine import worker_stats
+
+        return worker_stats(self)
+
+    return lookahead_stats
+
+
 PATCHES = [
+    Patch("worker.lookahead_stats (added)", _worker_owner, "lookahead_stats", _worker_stats),
     Patch("runner.__init__", _owner, "__init__", _init),
     Patch("runner._update_states", _owner, "_update_states", _update_states),
     Patch("runner._prepare_inputs", _owner, "_prepare_inputs", _prepare_inputs),

@@ -211,3 +211,18 @@ class LookaheadEngine:
             self.trees[req_id] = tree
             drafts.append(tree.tokens[1:])
         return drafts
+
+
+def worker_stats(worker: Any) -> dict[str, int] | None:
+    """For `LLM.collective_rpc(worker_stats)`: this worker's lookahead counters (None without lookahead)."""
+    engine = getattr(worker.model_runner, "_lookahead", None)
+    if engine is None:
+        return None
+    s = engine.stats
+    return {
+        "steps": s.steps,
+        "tree_steps": s.tree_steps,
+        "accepted": s.accepted,
+        "fallback_requests": s.fallback_requests,
+        "live_states": len(engine.states),
+    }
