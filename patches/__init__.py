@@ -52,7 +52,13 @@ def apply_all() -> None:
         else:
             orig = getattr(owner, p.attr, _MISSING)
         _originals[p.name] = (owner, p.attr, orig)
-        setattr(owner, p.attr, p.make(orig))
+        new = p.make(orig)
+        if orig is not _MISSING:
+            try:  # lets anyone tell a patched attribute from vLLM's own
+                new.__wrapped__ = orig
+            except AttributeError:
+                pass
+        setattr(owner, p.attr, new)
         if p.after is not None:
             p.after(owner)
 

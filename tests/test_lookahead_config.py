@@ -1,0 +1,106 @@
+"""`method: "lookahead"` in vLLM's SpeculativeConfig: defaults, clear start-up errors, the CLI shorthand, and a
+plugin that is inert for everything else (no engine is started here)."""
+
+from __future__ import annotations
+
+import pytest
+
+import patches
+from vllm_lookahead import plugin
+from vllm_lookahead.config import LookaheadParams
+
+
+@pytest.fixture(autouse=True)
+def _patched():
+    plugin.register()
+    patches.apply_all()
+    yield
+    patches.apply_all()
+
+
+def _sc(**kw):
+    from vllm.config.speculative import SpeculativeConfig
+
+    return SpeculativeConfig(**kw)
+
+
+def test_defaults_derive_num_speculative_tokens():
+    cfg = _sc(method="lookahead")
+    params = LookaheadParams()
+    assert cfg.method == "lookahead"
+    assert cfg.num_speculative_tokens == params.tree_size - 1
+    cfg = _sc(method="lookahead", window_size=4, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
+    assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 - 1
+    assert cfg.window_size == 4 and cfg.pool_from_prompt is False
+
+
+def test_shorthand_model_selects_lookahead():
+    assert _sc(model="[lookahead]").method == "lookahead"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"window_size": 0}, r"window_size must be an integer in \[1, 64\] \(got 0\)"),
+        ({"ngram_size": 1}, r"ngram_size must be an integer in \[2, 16\]"),
+        ({"guess_set_size": -1}, r"guess_set_size must be an integer in \[0, 64\]"),
+        ({"pool_from_prompt": "yes"}, r"pool_from_prompt must be a bool"),
+        ({"window_size": 2.5}, r"window_size must be an integer"),
+        ({"num_speculative_tokens": 3}, r"num_speculative_tokens=3 is too small .* at least 41"),
+        ({"window_size": 20, "ngram_size": 8}, r"more than vLLM's limit of 128"),
+        ({"bogus": 1}, r"bogus\s+Unexpected keyword argument"),
+    ],
+)
+def test_bad_config_fails_with_a_message_naming_the_field(kw, message):
+    with pytest.raises(Exception, match=message):
+        _sc(method="lookahead", **kw)
+
+
+def test_lookahead_keys_are_refused_for_other_methods():
+    with pytest.raises(Exception, match="window_size only apply to method 'lookahead'"):
+        _sc(method="ngram", num_speculative_tokens=3, window_size=3)
+    assert _sc(method="ngram", num_speculative_tokens=3).method == "ngram"
+
+
+def test_unsupported_vllm_version_fails_loudly(monkeypatch):
+    monkeypatch.setattr(plugin, "installed_vllm_version", lambda: "0.33.0")
+    with pytest.raises(Exception, match="supports vLLM 0.32.0 only; found 0.33.0"):
+        _sc(method="lookahead")
+
+
+def test_cli_flags(model_path):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    for argv in (
+        ["--speculative-model", "[lookahead]"],
+        ["--spec-model", "[lookahead]"],
+        ["--speculative-config", '{"method": "lookahead", "window_size": 3}'],
+    ):
+        args = parser.parse_args(["--model", model_path, "--max-model-len", "512", *argv])
+        engine_args = EngineArgs.from_cli_args(args)
+        cfg = engine_args.create_engine_config()
+        assert cfg.speculative_config.method == "lookahead", argv
+
+
+def test_patches_are_revertible_and_inert_when_reverted():
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    names = set(patches.applied())
+    assert {"speculative_config.__post_init__", "runner._sample", "cpu_attn.CPUAttentionBackendImpl.forward"} <= names
+    patched_sample = GPUModelRunner._sample
+    assert hasattr(CPUAttentionBackendImpl.forward, "__wrapped__")
+    assert patches.original("runner._sample") is not patched_sample
+    patches.revert_all()
+    assert patches.applied() == []
+    assert GPUModelRunner._sample is not patched_sample
+    assert not hasattr(CPUAttentionBackendImpl.forward, "__wrapped__")
+    with pytest.raises(Exception, match="Input should be"):
+        SpeculativeConfig(method="lookahead")
+    assert not hasattr(SpeculativeConfig, "window_size")
+    patches.apply_all()
+    assert GPUModelRunner._sample is not patches.original("runner._sample")
+    assert SpeculativeConfig(method="lookahead").method == "lookahead"

@@ -1,0 +1,240 @@
+"""Lookahead behind the real OpenAI-compatible server: `vllm serve MODEL --speculative-model "[lookahead]"`.
+
+A module-scoped fixture starts the server as a subprocess on 127.0.0.1 (float32, eager, the embedded default
+model); the tests talk to it over plain HTTP: completions and chat, streaming and not (greedy: the streamed text
+must equal the non-streamed text), then the Prometheus speculative-decoding counters. A last test checks that a
+bad lookahead config stops `vllm serve` at start-up with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from vllm_lookahead.prompts import humaneval_prompts
+
+pytestmark = pytest.mark.engine
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 300
+REQUEST_TIMEOUT_S = 300
+BAD_CONFIG_TIMEOUT_S = 120
+COMMON_ARGS = ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--seed", "0"]
+CHAT_QUESTION = "What is the capital of France?"
+
+
+def _vllm_cmd(*args: str) -> list[str]:
+    """`vllm ...` with the interpreter running the tests (the same venv, whatever its `bin/` holds)."""
+    return [sys.executable, "-m", "vllm.entrypoints.cli.main", *args]
+
+
+def _server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path, n: int = 80) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError as e:
+        return f"<no log: {e}>"
+    return "\n".join(lines[-n:])
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Terminate the server (and whatever it started in its process group), kill it if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def server(model_path, tmp_path_factory):
+    """Base URL of a running `vllm serve` with lookahead; stopped at module teardown, also on failure."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm_serve") / "server.log"
+    cmd = _vllm_cmd(
+        "serve", model_path, "--host", HOST, "--port", str(port), *COMMON_ARGS, "--speculative-model", "[lookahead]"
+    )
+    base = f"http://{HOST}:{port}"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(), start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode} before becoming healthy:\n{_tail(log_path)}")
+            try:
+                if requests.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after {START_TIMEOUT_S} s:\n{_tail(log_path)}")
+            time.sleep(2)
+        model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield {"base": base, "model": model, "log": log_path}
+    finally:
+        _stop(proc)
+
+
+def _post(server, path: str, body: dict) -> dict:
+    r = requests.post(f"{server['base']}{path}", json={"model": server["model"], **body}, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 200, f"{path}: HTTP {r.status_code}: {r.text}\n{_tail(server['log'], 40)}"
+    return r.json()
+
+
+def _stream(server, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a server-sent-events response, up to `data: [DONE]` (which must come)."""
+    body = {"model": server["model"], **body, "stream": True}
+    chunks: list[dict] = []
+    done = False
+    with requests.post(f"{server['base']}{path}", json=body, stream=True, timeout=REQUEST_TIMEOUT_S) as r:
+        assert r.status_code == 200, f"{path}: HTTP {r.status_code}: {r.text}\n{_tail(server['log'], 40)}"
+        assert r.headers.get("content-type", "").startswith("text/event-stream")
+        for raw in r.iter_lines(decode_unicode=False):
+            line = raw.decode("utf-8").strip()
+            if not line or not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            assert "error" not in chunk, chunk
+            chunks.append(chunk)
+    assert done, "stream ended without data: [DONE]"
+    return chunks
+
+
+def test_completions_stream_matches_non_stream(server):
+    prompt = humaneval_prompts(1)[0]
+    body = {"prompt": prompt, "max_tokens": 48, "temperature": 0.0}
+    out = _post(server, "/v1/completions", body)
+    text = out["choices"][0]["text"]
+    assert text.strip(), out
+    assert out["usage"]["completion_tokens"] > 0
+
+    chunks = _stream(server, "/v1/completions", body)
+    assert len(chunks) > 1
+    streamed = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+    assert streamed == text
+
+
+def test_chat_stream_matches_non_stream(server):
+    body = {"messages": [{"role": "user", "content": CHAT_QUESTION}], "max_tokens": 32, "temperature": 0.0}
+    out = _post(server, "/v1/chat/completions", body)
+    content = out["choices"][0]["message"]["content"]
+    assert "Paris" in content, content
+
+    chunks = _stream(server, "/v1/chat/completions", body)
+    streamed = "".join(
+        (c["choices"][0].get("delta") or {}).get("content") or "" for c in chunks if c.get("choices")
+    )
+    assert streamed == content
+
+
+_METRIC_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S+)?$")
+
+
+def _metric_totals(text: str) -> dict[str, float]:
+    """Prometheus text format -> {metric name: value summed over all label sets}."""
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_LINE.match(line)
+        if not m:
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        totals[m.group(1)] = totals.get(m.group(1), 0.0) + value
+    return totals
+
+
+def test_metrics_show_lookahead_speedup(server):
+    # Runs after the request tests (file order); make sure there was greedy traffic even if run alone.
+    _post(server, "/v1/completions", {"prompt": humaneval_prompts(1)[0], "max_tokens": 48, "temperature": 0.0})
+    r = requests.get(f"{server['base']}/metrics", timeout=60)
+    assert r.status_code == 200
+    totals = _metric_totals(r.text)
+    names = (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:generation_tokens_total",
+    )
+    for name in names:
+        assert name in totals, f"{name} missing from /metrics; spec/generation metrics: " + str(
+            {k: v for k, v in totals.items() if "spec_decode" in k or "generation_tokens" in k}
+        )
+        assert totals[name] > 0, f"{name} = {totals[name]}"
+    generated = totals["vllm:generation_tokens_total"]
+    accepted = totals["vllm:spec_decode_num_accepted_tokens_total"]
+    assert accepted < generated, (accepted, generated)
+    tokens_per_forward = generated / (generated - accepted)
+    assert tokens_per_forward > 1.0, (generated, accepted)
+
+
+def test_bad_lookahead_config_fails_at_startup(model_path, tmp_path):
+    log_path = tmp_path / "bad_config.log"
+    cmd = _vllm_cmd(
+        "serve",
+        model_path,
+        "--host",
+        HOST,
+        "--port",
+        str(_free_port()),
+        *COMMON_ARGS,
+        "--speculative-config",
+        json.dumps({"method": "lookahead", "window_size": 0}),
+    )
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(), start_new_session=True
+        )
+    try:
+        try:
+            rc = proc.wait(timeout=BAD_CONFIG_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"vllm serve with window_size=0 still running after {BAD_CONFIG_TIMEOUT_S} s:\n"
+                        f"{_tail(log_path)}")
+    finally:
+        _stop(proc)
+    output = log_path.read_text(errors="replace")
+    assert rc != 0, f"vllm serve with window_size=0 exited 0:\n{_tail(log_path)}"
+    assert "window_size must be an integer in [1, 64]" in output, _tail(log_path)
