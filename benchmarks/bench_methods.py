@@ -222,7 +222,9 @@ def worker(args: argparse.Namespace) -> int:
 
     from vllm import SamplingParams
 
-    llm.generate([WARMUP_PROMPT], SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    # Warm up in the measured mode: N concurrent requests when --concurrency N.
+    warmup = [WARMUP_PROMPT] * args.concurrency
+    llm.generate(warmup, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
     tokenizer = llm.get_tokenizer()
     datasets: dict[str, Any] = {}
     for dataset in args.dataset_list:

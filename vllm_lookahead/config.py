@@ -38,6 +38,8 @@ class LookaheadParams:
     ngram_size: int = DEFAULT_NGRAM_SIZE
     guess_set_size: int = DEFAULT_GUESS_SET_SIZE
     pool_from_prompt: bool = True
+    # Also learn the n-grams of the accepted output (prompt lookup on the text so far): free candidates.
+    pool_from_output: bool = True
     seed: int = 0
     max_pool_keys: int = DEFAULT_MAX_POOL_KEYS
 
@@ -48,8 +50,9 @@ class LookaheadParams:
         _check_int("window_size", self.window_size, 1, MAX_WINDOW_SIZE)
         _check_int("ngram_size", self.ngram_size, 2, MAX_NGRAM_SIZE)
         _check_int("guess_set_size", self.guess_set_size, 0, MAX_GUESS_SET_SIZE)
-        if not isinstance(self.pool_from_prompt, bool):
-            raise ValueError(f"lookahead: pool_from_prompt must be a bool (got {self.pool_from_prompt!r})")
+        for name in ("pool_from_prompt", "pool_from_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"lookahead: {name} must be a bool (got {getattr(self, name)!r})")
         _check_int("seed", self.seed, 0, MAX_SEED)
         _check_int("max_pool_keys", self.max_pool_keys, 1, MAX_POOL_KEYS)
 

@@ -54,6 +54,7 @@ def lookahead_generate(
     ngram_size: int = 4,
     guess_set_size: int = 7,
     pool_from_prompt: bool = True,
+    pool_from_output: bool = True,
     seed: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
     do_sample: bool = False,
@@ -73,6 +74,7 @@ def lookahead_generate(
         ngram_size=ngram_size,
         guess_set_size=guess_set_size,
         pool_from_prompt=pool_from_prompt,
+        pool_from_output=pool_from_output,
         seed=seed,
     )
     if max_new_tokens < 1:

@@ -20,7 +20,7 @@ from vllm_lookahead.window import JacobiWindow
 
 
 class LookaheadState:
-    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens")
+    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail")
 
     def __init__(self, params: LookaheadParams, prompt_token_ids: Sequence[int], merge: bool = True) -> None:
         self.params = params
@@ -32,6 +32,8 @@ class LookaheadState:
         rng = random.Random(params.seed)
         self.window = JacobiWindow.from_tokens(params.window_size, params.ngram_size, prompt_token_ids, rng)
         self.x0: int | None = None
+        # The last N-1 tokens of the sequence, to form the n-grams that new output tokens complete.
+        self.tail: list[int] = list(prompt_token_ids[-(params.ngram_size - 1) :])
         self.num_steps = 0
         self.num_tokens = 0
 
@@ -59,9 +61,20 @@ class LookaheadState:
             outputs.append(None if u is None else int(argmax_per_node[u]))
         x0_new = int(accepted_tokens[-1])
         self.pool.add_many(window.step(x0_new, outputs))
+        if self.params.pool_from_output:
+            self._learn_output(accepted_tokens)
         self.x0 = x0_new
         self.num_steps += 1
         self.num_tokens += len(accepted_tokens)
+
+    def _learn_output(self, new_tokens: Sequence[int]) -> None:
+        n = self.params.ngram_size
+        seq = self.tail + [int(t) for t in new_tokens]
+        start = max(len(self.tail), n - 1)
+        add = self.pool.add
+        for j in range(start, len(seq)):
+            add(seq[j - n + 1], tuple(seq[j - n + 2 : j + 1]))
+        self.tail = seq[-(n - 1) :]
 
     @property
     def compression(self) -> float:
