@@ -44,8 +44,10 @@ test: model lint
 
 # Peer methods (ngram, suffix, none) on HumanEval and ShareGPT; suffix needs arctic-inference.
 bench: model
-	$(PIP) install -q --no-deps arctic-inference==0.3.0
-	$(PY) benchmarks/bench_methods.py
+	# arctic-inference builds C++ with CMake, which must be pointed at this venv's Python to find its headers.
+	$(PY) -c "import arctic_inference" 2>/dev/null || CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" \
+		$(PIP) install -q --no-deps arctic-inference==0.3.0
+	$(PY) benchmarks/bench_methods.py $(BENCH_ARGS)
 
 bench-scaling: model
 	$(PY) benchmarks/bench_scaling.py

@@ -30,14 +30,14 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
-    # Provided by this plugin once the lookahead method lands; not in the default list until then.
+    # Provided by this plugin (its defaults; --lookahead-config overrides keys).
     "lookahead": {"method": "lookahead"},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
     "suffix": ("arctic_inference", "pip install arctic-inference==0.3.0 --no-deps"),
 }
-DEFAULT_METHODS = "none,ngram,suffix"
+DEFAULT_METHODS = "none,ngram,suffix,lookahead"
 DATASETS = ("humaneval", "sharegpt")
 # Repetitive, so speculative methods draft and verify during warm-up; unrelated to the datasets, so methods
 # that learn from earlier outputs (suffix) gain nothing on the measured prompts.
@@ -320,9 +320,7 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
             )
             if base_ok:
                 row["vs_none"] = tps / (base["output_tokens"] / base["time_s"])
-                row["identical"] = sum(
-                    a == b for a, b in zip(data["token_ids"], base["token_ids"], strict=True)
-                )
+                row["identical"] = sum(a == b for a, b in zip(data["token_ids"], base["token_ids"], strict=True))
             rows.append(row)
     return rows
 

@@ -21,6 +21,8 @@ KEYS = {
     "guess_set_size": "guess_set_size",
     "pool_from_prompt": "pool_from_prompt",
     "pool_from_output": "pool_from_output",
+    "lookup_candidates": "lookup_candidates",
+    "lookup_len": "lookup_len",
     "lookahead_seed": "seed",
 }
 _KEY_TYPES: dict[str, Any] = {k: Optional[Any] for k in KEYS}  # noqa: UP045 - pydantic needs a runtime type

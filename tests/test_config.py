@@ -87,7 +87,7 @@ def test_from_dict_rejects_unknown_keys_listing_allowed():
         LookaheadParams.from_dict({"window": 3, "window_size": 3, "guess": 1})
     assert str(err.value) == (
         "lookahead: unknown config key(s) guess, window; allowed keys: window_size, ngram_size, "
-        "guess_set_size, pool_from_prompt, pool_from_output, seed, max_pool_keys"
+        "guess_set_size, pool_from_prompt, pool_from_output, lookup_candidates, lookup_len, seed, max_pool_keys"
     )
 
 
@@ -104,9 +104,11 @@ def test_from_dict_rejects_non_mapping():
 @pytest.mark.parametrize("w, n, g", [(7, 4, 7), (15, 5, 15), (1, 2, 0), (3, 5, 3), (1, 16, 64)])
 def test_tree_size(w, n, g):
     p = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g)
-    assert p.tree_size == max_tree_size(w, n, g)
+    lookup = p.lookup_candidates * p.lookup_len
+    assert p.tree_size == max_tree_size(w, n, g) + lookup
+    assert LookaheadParams(w, n, g, lookup_candidates=0).tree_size == max_tree_size(w, n, g)
     if w >= n - 2:
-        assert p.tree_size == 1 + (w * (n - 1) - 1) + g * (n - 1) == steady_tree_size(w, n, g)
+        assert p.tree_size - lookup == 1 + (w * (n - 1) - 1) + g * (n - 1) == steady_tree_size(w, n, g)
     else:
         # A narrow, deep window is bigger during warm-up than in steady state.
-        assert p.tree_size > steady_tree_size(w, n, g)
+        assert p.tree_size - lookup > steady_tree_size(w, n, g)

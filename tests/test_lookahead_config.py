@@ -30,7 +30,7 @@ def test_defaults_derive_num_speculative_tokens():
     assert cfg.method == "lookahead"
     assert cfg.num_speculative_tokens == params.tree_size - 1
     cfg = _sc(method="lookahead", window_size=4, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
-    assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 - 1
+    assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 + 1 * 8 - 1
     assert cfg.window_size == 4 and cfg.pool_from_prompt is False
 
 
@@ -46,8 +46,9 @@ def test_shorthand_model_selects_lookahead():
         ({"guess_set_size": -1}, r"guess_set_size must be an integer in \[0, 64\]"),
         ({"pool_from_prompt": "yes"}, r"pool_from_prompt must be a bool"),
         ({"window_size": 2.5}, r"window_size must be an integer"),
-        ({"num_speculative_tokens": 3}, r"num_speculative_tokens=3 is too small .* at least 41"),
+        ({"num_speculative_tokens": 3}, r"num_speculative_tokens=3 is too small .* at least 23"),
         ({"window_size": 20, "ngram_size": 8}, r"more than vLLM's limit of 128"),
+        ({"lookup_len": 0}, r"lookup_len must be an integer in \[1, 32\]"),
         ({"bogus": 1}, r"bogus\s+Unexpected keyword argument"),
     ],
 )

@@ -89,12 +89,27 @@ def test_pool_learns_from_window_without_prompt():
 
 def test_pool_from_prompt_flag():
     prompt = [1, 2, 3, 4, 5, 6]
-    seeded = LookaheadState(LookaheadParams(ngram_size=3), prompt)
+    seeded = LookaheadState(LookaheadParams(ngram_size=3, lookup_candidates=0), prompt)
     assert seeded.pool.get(1) == [(2, 3)]
     bare = LookaheadState(LookaheadParams(ngram_size=3, pool_from_prompt=False), prompt)
     assert bare.pool.get(1) == []
     tree = seeded.build_tree(1)
     assert [tree.tokens[u] for u in tree.candidate_nodes[0]] == [2, 3]
+
+
+def test_prompt_lookup_candidates_come_first_and_follow_the_output():
+    prompt = [1, 2, 3, 4, 5, 6]
+    state = LookaheadState(LookaheadParams(ngram_size=3, lookup_candidates=1, lookup_len=4), prompt)
+    tree = state.build_tree(1)
+    # x0 = 1 joins the sequence; its earlier occurrence is followed by 2 3 4 5.
+    assert [tree.tokens[u] for u in tree.candidate_nodes[0]] == [2, 3, 4, 5]
+    argmax = [0] * tree.num_nodes
+    state.update(tree, argmax, [2, 9])  # the output went 1 2 9: now "2 9" follows "1 2"
+    tree = state.build_tree(9)
+    assert state.lookup.tokens == [*prompt, 1, 2, 9]
+    assert tree.tokens[0] == 9
+    off = LookaheadState(LookaheadParams(lookup_candidates=0), prompt)
+    assert off.lookup is None
 
 
 def test_seed_controls_initial_window():

@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.config import (
+    DEFAULT_GUESS_SET_SIZE,
+    DEFAULT_LOOKUP_CANDIDATES,
+    DEFAULT_LOOKUP_LEN,
+    DEFAULT_NGRAM_SIZE,
+    DEFAULT_WINDOW_SIZE,
+    LookaheadParams,
+)
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
@@ -50,11 +57,13 @@ def lookahead_generate(
     model: Any,
     input_ids: torch.Tensor | Sequence[int],
     max_new_tokens: int,
-    window_size: int = 7,
-    ngram_size: int = 4,
-    guess_set_size: int = 7,
+    window_size: int = DEFAULT_WINDOW_SIZE,
+    ngram_size: int = DEFAULT_NGRAM_SIZE,
+    guess_set_size: int = DEFAULT_GUESS_SET_SIZE,
     pool_from_prompt: bool = True,
     pool_from_output: bool = True,
+    lookup_candidates: int = DEFAULT_LOOKUP_CANDIDATES,
+    lookup_len: int = DEFAULT_LOOKUP_LEN,
     seed: int = 0,
     eos_token_id: int | Sequence[int] | None = None,
     do_sample: bool = False,
@@ -75,6 +84,8 @@ def lookahead_generate(
         guess_set_size=guess_set_size,
         pool_from_prompt=pool_from_prompt,
         pool_from_output=pool_from_output,
+        lookup_candidates=lookup_candidates,
+        lookup_len=lookup_len,
         seed=seed,
     )
     if max_new_tokens < 1:

@@ -14,13 +14,14 @@ import random
 from collections.abc import Sequence
 
 from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.lookup import LookupIndex
 from vllm_lookahead.pool import NGramPool
 from vllm_lookahead.tree import StepTree, build_step_tree
 from vllm_lookahead.window import JacobiWindow
 
 
 class LookaheadState:
-    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail")
+    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail", "lookup")
 
     def __init__(self, params: LookaheadParams, prompt_token_ids: Sequence[int], merge: bool = True) -> None:
         self.params = params
@@ -36,12 +37,20 @@ class LookaheadState:
         self.tail: list[int] = list(prompt_token_ids[-(params.ngram_size - 1) :])
         self.num_steps = 0
         self.num_tokens = 0
+        # Prompt lookup over prompt + output; x0 joins it at the first build_tree, accepted tokens at update.
+        self.lookup = LookupIndex(prompt_token_ids) if params.lookup_candidates else None
 
     def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
-        """This step's tree: root x0, the pool's candidates for x0 (most recent first), then the window."""
+        """This step's tree: root x0, prompt-lookup candidates, the pool's candidates for x0 (most recent first),
+        then the window."""
+        if self.x0 is None and self.lookup is not None:
+            self.lookup.extend([x0])
         self.x0 = x0
         self.window.set_x0(x0)
-        return build_step_tree(x0, self.window, self.pool.get(x0), merge=self.merge, max_nodes=max_nodes)
+        candidates = self.pool.get(x0)
+        if self.lookup is not None:
+            candidates = self.lookup.candidates(self.params.lookup_candidates, self.params.lookup_len) + candidates
+        return build_step_tree(x0, self.window, candidates, merge=self.merge, max_nodes=max_nodes)
 
     def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
         """Advance the window one position, feed its n-grams to the pool, and set x0 to the last new token.
@@ -63,6 +72,8 @@ class LookaheadState:
         self.pool.add_many(window.step(x0_new, outputs))
         if self.params.pool_from_output:
             self._learn_output(accepted_tokens)
+        if self.lookup is not None:
+            self.lookup.extend(accepted_tokens)
         self.x0 = x0_new
         self.num_steps += 1
         self.num_tokens += len(accepted_tokens)
