@@ -28,6 +28,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # method name -> speculative_config (None: plain decoding)
 METHODS: dict[str, dict[str, Any] | None] = {
     "none": None,
+    # Plain decoding with this plugin not loaded (VLLM_PLUGINS excludes it): shows the plugin changes nothing
+    # for runs that do not ask for lookahead.
+    "none-noplugin": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
     # Provided by this plugin (its defaults; --lookahead-config overrides keys).
@@ -188,6 +191,8 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
 
 def worker(args: argparse.Namespace) -> int:
     method = args.worker
+    if method == "none-noplugin":
+        os.environ["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
 
     def finish(**fields: Any) -> int:

@@ -23,6 +23,7 @@ KEYS = {
     "pool_from_output": "pool_from_output",
     "lookup_candidates": "lookup_candidates",
     "lookup_len": "lookup_len",
+    "step_token_budget": "step_token_budget",
     "lookahead_seed": "seed",
 }
 _KEY_TYPES: dict[str, Any] = {k: Optional[Any] for k in KEYS}  # noqa: UP045 - pydantic needs a runtime type
@@ -60,6 +61,13 @@ def _post_init(original):
         from vllm_lookahead.plugin import check_vllm_version
 
         check_vllm_version()
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            raise ValueError(
+                "lookahead: only vLLM's CPU platform has a tree-attention path so far; "
+                f"this is {current_platform.device_name or 'another platform'}"
+            )
         params = lookahead_params(self)  # ValueError naming the field and its range
         needed = params.tree_size - 1  # every node but the root x0 is a draft token
         if needed > MAX_SPEC_LEN:

@@ -185,31 +185,33 @@ class LookaheadEngine:
     def propose(self, runner: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's nodes after the root x0."""
         batch = runner.input_batch
-        drafts: list[list[int]] = []
+        active: list[tuple[int, str, list[int]]] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             req_state = runner.requests.get(req_id)
-            if (
-                not sampled
-                or req_state is None
-                or not self._check_eligible(req_id, req_state.sampling_params)
-            ):
+            if sampled and req_state is not None and self._check_eligible(req_id, req_state.sampling_params):
+                active.append((i, req_id, sampled))
+            else:
                 self.trees.pop(req_id, None)
-                drafts.append([])
-                continue
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        if not active:
+            return drafts
+        # Share the step's token budget: x0 is scheduled anyway, the rest of each tree is extra work.
+        per_request = min(self.max_nodes, 1 + self.params.step_token_budget // len(active))
+        for i, req_id, sampled in active:
             num_tokens = int(batch.num_tokens_no_spec[i])
             room = self.max_model_len - num_tokens  # positions left for drafts after x0
             if room <= 0:
                 self.trees.pop(req_id, None)
-                drafts.append([])
                 continue
             state = self.states.get(req_id)
             if state is None:
                 prompt = batch.token_ids_cpu[i, : int(batch.num_prompt_tokens[i])].tolist()
                 state = self.states[req_id] = LookaheadState(self.params, prompt)
-            tree = state.build_tree(int(sampled[-1]), max_nodes=min(self.max_nodes, room + 1))
+            state.catch_up(num_tokens, lambda a, b, i=i: batch.token_ids_cpu[i, a:b].tolist())
+            tree = state.build_tree(int(sampled[-1]), max_nodes=min(per_request, room + 1))
             self.trees[req_id] = tree
-            drafts.append(tree.tokens[1:])
+            drafts[i] = tree.tokens[1:]
         return drafts
 
 

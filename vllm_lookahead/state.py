@@ -11,7 +11,7 @@ Step protocol (glue and reference decoder):
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.lookup import LookupIndex
@@ -21,7 +21,7 @@ from vllm_lookahead.window import JacobiWindow
 
 
 class LookaheadState:
-    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail", "lookup")
+    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail", "lookup", "prompt_len")
 
     def __init__(self, params: LookaheadParams, prompt_token_ids: Sequence[int], merge: bool = True) -> None:
         self.params = params
@@ -39,12 +39,13 @@ class LookaheadState:
         self.num_tokens = 0
         # Prompt lookup over prompt + output; x0 joins it at the first build_tree, accepted tokens at update.
         self.lookup = LookupIndex(prompt_token_ids) if params.lookup_candidates else None
+        self.prompt_len = len(prompt_token_ids)
 
     def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
         """This step's tree: root x0, prompt-lookup candidates, the pool's candidates for x0 (most recent first),
         then the window."""
-        if self.x0 is None and self.lookup is not None:
-            self.lookup.extend([x0])
+        if self.lookup is not None and len(self.lookup.tokens) == self.prompt_len:
+            self.lookup.extend([x0])  # the first new token (later ones arrive through update/catch_up)
         self.x0 = x0
         self.window.set_x0(x0)
         candidates = self.pool.get(x0)
@@ -77,6 +78,14 @@ class LookaheadState:
         self.x0 = x0_new
         self.num_steps += 1
         self.num_tokens += len(accepted_tokens)
+
+    def catch_up(self, num_tokens: int, fetch: Callable[[int, int], list[int]]) -> None:
+        """Bring the lookup index to the sequence's first num_tokens tokens (fetch(a, b) returns tokens a..b-1).
+
+        Steps that ran without a tree (no drafts scheduled) emitted tokens that update() never saw.
+        """
+        if self.lookup is not None and len(self.lookup.tokens) < num_tokens:
+            self.lookup.extend(fetch(len(self.lookup.tokens), num_tokens))
 
     def _learn_output(self, new_tokens: Sequence[int]) -> None:
         n = self.params.ngram_size
