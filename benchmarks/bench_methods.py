@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 # method name -> speculative_config (None: plain decoding)
@@ -458,11 +460,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len,
         "cpu_count": os.cpu_count(),
     }
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    with open(jsonl, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps({"time": stamp, "settings": settings, **row}) + "\n")
-    print(f"raw results appended to: {jsonl}")
+    append_jsonl(jsonl, settings, rows)
     return 0
 
 

@@ -14,13 +14,14 @@ after the run settings. See benchmarks/README.md ("Scaling (reference decoder)")
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
 BASELINE = {"ngram_size": 2, "window_size": 1, "guess_set_size": 0}  # a one-node tree: plain decoding
 
@@ -322,11 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
     }
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    with open(jsonl, "a", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps({"time": stamp, "settings": settings, **row}) + "\n")
-    print(f"raw results appended to: {jsonl}")
+    append_jsonl(jsonl, settings, rows)
     return 1 if bad else 0
 
 

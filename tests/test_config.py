@@ -87,7 +87,8 @@ def test_from_dict_rejects_unknown_keys_listing_allowed():
         LookaheadParams.from_dict({"window": 3, "window_size": 3, "guess": 1})
     assert str(err.value) == (
         "lookahead: unknown config key(s) guess, window; allowed keys: window_size, ngram_size, "
-        "guess_set_size, pool_from_prompt, pool_from_output, lookup_candidates, lookup_len, step_token_budget, seed, max_pool_keys"
+        "guess_set_size, pool_from_prompt, pool_from_output, lookup_candidates, lookup_len, step_token_budget, "
+        "seed, max_pool_keys"
     )
 
 

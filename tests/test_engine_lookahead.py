@@ -13,7 +13,8 @@ from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 
-LA_CONFIG = {"method": "lookahead", "window_size": 4, "ngram_size": 3, "guess_set_size": 4}
+# A budget large enough that every request of the 8-wide batch gets its whole tree: the test is about trees.
+LA_CONFIG = {"method": "lookahead", "window_size": 4, "ngram_size": 3, "guess_set_size": 4, "step_token_budget": 256}
 MAX_MODEL_LEN = 1024
 MAX_NUM_SEQS = 8
 

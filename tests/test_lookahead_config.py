@@ -105,3 +105,13 @@ def test_patches_are_revertible_and_inert_when_reverted():
     patches.apply_all()
     assert GPUModelRunner._sample is not patches.original("runner._sample")
     assert SpeculativeConfig(method="lookahead").method == "lookahead"
+
+
+def test_step_token_budget_shrinks_trees_then_turns_drafting_off():
+    from vllm_lookahead.engine import nodes_per_request
+
+    tree = LookaheadParams().tree_size
+    assert nodes_per_request(24, 1, tree) == 24 == tree  # one request: the whole default tree
+    assert nodes_per_request(24, 4, tree) == 6
+    assert nodes_per_request(24, 16, tree) == 1  # under two nodes: no drafts, plain decoding
+    assert nodes_per_request(10_000, 3, tree) == tree

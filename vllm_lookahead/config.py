@@ -20,7 +20,7 @@ DEFAULT_LOOKUP_CANDIDATES = 1
 DEFAULT_LOOKUP_LEN = 8
 MAX_LOOKUP_CANDIDATES = 8
 MAX_LOOKUP_LEN = 32
-DEFAULT_STEP_TOKEN_BUDGET = 64
+DEFAULT_STEP_TOKEN_BUDGET = 24
 MAX_STEP_TOKEN_BUDGET = 1 << 16
 
 # Sanity bounds: beyond these a step's tree (W + G) * (N - 1) is far past any useful size and most likely a
@@ -51,8 +51,9 @@ class LookaheadParams:
     # Prompt-lookup candidates (continuations of earlier occurrences of the last tokens) added to the tree.
     lookup_candidates: int = DEFAULT_LOOKUP_CANDIDATES
     lookup_len: int = DEFAULT_LOOKUP_LEN
-    # Most tree tokens (all lookahead requests together) one engine step may add; trees shrink to share it, so
-    # large batches, where the target pass is compute-bound, do not pay for guesses.
+    # Most tokens (tree nodes, x0s included) the lookahead requests of one engine step may carry together; trees
+    # shrink to share it and vanish below two nodes each, so large batches, where the target pass is
+    # compute-bound, decode plainly instead of paying for guesses.
     step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
     seed: int = 0
     max_pool_keys: int = DEFAULT_MAX_POOL_KEYS
@@ -69,7 +70,7 @@ class LookaheadParams:
                 raise ValueError(f"lookahead: {name} must be a bool (got {getattr(self, name)!r})")
         _check_int("lookup_candidates", self.lookup_candidates, 0, MAX_LOOKUP_CANDIDATES)
         _check_int("lookup_len", self.lookup_len, 1, MAX_LOOKUP_LEN)
-        _check_int("step_token_budget", self.step_token_budget, 1, MAX_STEP_TOKEN_BUDGET)
+        _check_int("step_token_budget", self.step_token_budget, 2, MAX_STEP_TOKEN_BUDGET)
         _check_int("seed", self.seed, 0, MAX_SEED)
         _check_int("max_pool_keys", self.max_pool_keys, 1, MAX_POOL_KEYS)
 

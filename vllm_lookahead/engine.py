@@ -51,6 +51,11 @@ class LookaheadStats:
     fallback_requests: int = 0  # requests that took the plain path
 
 
+def nodes_per_request(step_token_budget: int, num_requests: int, max_nodes: int) -> int:
+    """Tree nodes (x0 included) each of num_requests lookahead requests may schedule this step."""
+    return min(max_nodes, step_token_budget // max(1, num_requests))
+
+
 def _chain_tree(x0: int, drafts: list[int]) -> StepTree:
     n = len(drafts) + 1
     return StepTree(tokens=[x0, *drafts], parents=list(range(-1, n - 1)), depths=list(range(n)))
@@ -196,8 +201,13 @@ class LookaheadEngine:
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         if not active:
             return drafts
-        # Share the step's token budget: x0 is scheduled anyway, the rest of each tree is extra work.
-        per_request = min(self.max_nodes, 1 + self.params.step_token_budget // len(active))
+        # Share the step's token budget (x0s included). Below two nodes a request gets no drafts: large batches,
+        # where the target pass is compute-bound, decode plainly instead of paying for guesses.
+        per_request = nodes_per_request(self.params.step_token_budget, len(active), self.max_nodes)
+        if per_request < 2:
+            for _, req_id, _ in active:
+                self.trees.pop(req_id, None)
+            return drafts
         for i, req_id, sampled in active:
             num_tokens = int(batch.num_tokens_no_spec[i])
             room = self.max_model_len - num_tokens  # positions left for drafts after x0

@@ -1,0 +1,16 @@
+"""Shared by the benchmark scripts: append a run's rows to a JSONL file with its settings and a timestamp."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+def append_jsonl(path: str | Path, settings: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with open(path, "a", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps({"time": stamp, "settings": settings, **row}) + "\n")
+    print(f"raw results appended to: {path}")
