@@ -41,6 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--windows", type=_int_list, default=[1, 2, 4, 8, 16], help="window sizes W (comma list)")
     p.add_argument("--ngrams", type=_int_list, default=[3, 5], help="n-gram sizes N (comma list, each >= 2)")
     p.add_argument("--guess-set-size", type=int, default=None, help="guess set size G for every run (default: G = W)")
+    p.add_argument(
+        "--lookup-candidates",
+        type=int,
+        default=0,
+        help="prompt-lookup candidates per step (default 0: the paper's window + pool only)",
+    )
     p.add_argument("--num-prompts", type=int, default=3, help="first n HumanEval prompts")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (greedy)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
@@ -109,7 +115,13 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
                 bar.set_postfix_str(f"{cfg['label']} G={g} prompt {i}")
                 counter.lengths.clear()
                 out, stats = lookahead_generate(
-                    model, ids, args.max_new_tokens, window_size=w, ngram_size=n, guess_set_size=g
+                    model,
+                    ids,
+                    args.max_new_tokens,
+                    window_size=w,
+                    ngram_size=n,
+                    guess_set_size=g,
+                    lookup_candidates=args.lookup_candidates,
                 )
                 steps += stats["steps"]
                 tokens += stats["tokens"]
