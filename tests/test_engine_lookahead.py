@@ -64,7 +64,7 @@ def batch(model_path):
         kinds.append("opt-out")
     # Sampling is not served by lookahead yet: this request falls back to plain decoding within the batch.
     prompts.append(humaneval_prompts(22)[21])
-    params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=32))
+    params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=32, ignore_eos=True))
     kinds.append("sampled")
     return prompts, params, kinds
 
