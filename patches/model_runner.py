@@ -52,6 +52,7 @@ def _update_states(original):
                 engine.drop(req_id)
             for req_id in scheduler_output.preempted_req_ids or ():
                 engine.drop(req_id)
+                engine.stats.preemptions += 1
             for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
                 engine.drop(req_id)
         return original(self, scheduler_output)

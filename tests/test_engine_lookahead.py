@@ -175,3 +175,24 @@ def test_steps_match_the_reference_decoder(la_llm, model_path):
         # Both count the prefill as one pass and run the same window, pool and tree: same steps, unless an argmax
         # tie at a window node breaks differently between the two kernels (then within one or two steps).
         assert abs(steps - ref_stats["steps"]) <= 2, (steps, ref_stats["steps"])
+
+
+def test_preemption_drops_and_rebuilds_state(model_path, batch, plain_outputs):
+    """A KV cache too small for the batch forces preemptions; outputs stay exact, no state leaks."""
+    prompts, params, kinds = batch
+    idx = [i for i, k in enumerate(kinds) if k == "humaneval"][:8]
+    llm = make_llm(
+        model_path,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_seqs=8,
+        num_gpu_blocks_override=9,  # 9 x 128 tokens (one max_model_len) for 8 requests of ~200-300 tokens
+        speculative_config=LA_CONFIG,
+    )
+    try:
+        outs = llm.generate([prompts[i] for i in idx], [params[i] for i in idx], use_tqdm=False)
+        stats = llm.collective_rpc("lookahead_stats")[0]
+    finally:
+        del llm
+    assert [list(o.outputs[0].token_ids) for o in outs] == [plain_outputs[i] for i in idx]
+    assert stats["preemptions"] > 0
+    assert stats["live_states"] == 0

@@ -52,11 +52,11 @@ def test_other_shapes_and_truncated_trees_stay_exact(hf, cases, w, n, g, max_nod
     model, _ = hf
     ids, ref = cases[0]
     new, stats = lookahead_generate(
-        model, ids, MAX_NEW, window_size=w, ngram_size=n, guess_set_size=g, max_nodes=max_nodes
+        model, ids, MAX_NEW, window_size=w, ngram_size=n, guess_set_size=g, max_nodes=max_nodes, lookup_candidates=0
     )
     assert new == ref
     if g == 0 and w == 1:
-        # A window of one column on a 2-gram holds only x0: no guesses at all, so plain decoding.
+        # A window of one column on a 2-gram holds only x0 and there is no pool or lookup: plain decoding.
         assert stats["steps"] == len(new)
 
 

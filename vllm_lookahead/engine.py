@@ -49,6 +49,7 @@ class LookaheadStats:
     tree_steps: int = 0  # request-steps verified on a tree
     accepted: int = 0  # draft tokens accepted on trees
     fallback_requests: int = 0  # requests that took the plain path
+    preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
 
 
 def nodes_per_request(step_token_budget: int, num_requests: int, max_nodes: int) -> int:
@@ -236,5 +237,6 @@ def worker_stats(worker: Any) -> dict[str, int] | None:
         "tree_steps": s.tree_steps,
         "accepted": s.accepted,
         "fallback_requests": s.fallback_requests,
+        "preemptions": s.preemptions,
         "live_states": len(engine.states),
     }
