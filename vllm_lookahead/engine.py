@@ -57,11 +57,6 @@ def nodes_per_request(step_token_budget: int, num_requests: int, max_nodes: int)
     return min(max_nodes, step_token_budget // max(1, num_requests))
 
 
-def _chain_tree(x0: int, drafts: list[int]) -> StepTree:
-    n = len(drafts) + 1
-    return StepTree(tokens=[x0, *drafts], parents=list(range(-1, n - 1)), depths=list(range(n)))
-
-
 def _is_chain(tree: StepTree) -> bool:
     return all(p == u - 1 for u, p in enumerate(tree.parents))
 
@@ -125,6 +120,9 @@ class LookaheadEngine:
         """Plan this step's trees and write their positions (after `_prepare_inputs`)."""
         self.stats.steps += 1
         self.plan = []
+        # Trees live for one step: if vLLM skips proposing (it pads drafts itself near max_model_len), none of
+        # last step's trees may be matched again.
+        trees, self.trees = self.trees, {}
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not spec:
             return
@@ -138,14 +136,13 @@ class LookaheadEngine:
             idx = batch.req_id_to_index[req_id]
             q_start = int(qsl[idx])
             x0 = int(batch.token_ids_cpu[idx, computed[idx]])
-            tree = self.trees.get(req_id)
+            tree = trees.get(req_id)
             k = len(drafts)
-            if tree is not None and tree.tokens[0] == x0 and tree.tokens[1 : k + 1] == list(drafts):
-                tree = tree.truncate(k + 1)
-            else:
-                # Drafts this engine did not make (placeholders, a scheduler's own padding): verify them as a
-                # chain, which the stock attention already computes correctly.
-                tree = _chain_tree(x0, list(drafts))
+            if tree is None or tree.tokens[0] != x0 or tree.tokens[1 : k + 1] != list(drafts):
+                # Drafts this engine did not make (placeholders, vLLM's own padding near max_model_len, a request
+                # that takes the plain path): vLLM's linear-chain verification of them stands.
+                continue
+            tree = tree.truncate(k + 1)
             mask = None
             if not _is_chain(tree):
                 mask = ancestor_mask_tensor(tree)
@@ -197,8 +194,6 @@ class LookaheadEngine:
             req_state = runner.requests.get(req_id)
             if sampled and req_state is not None and self._check_eligible(req_id, req_state.sampling_params):
                 active.append((i, req_id, sampled))
-            else:
-                self.trees.pop(req_id, None)
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         if not active:
             return drafts
@@ -206,14 +201,11 @@ class LookaheadEngine:
         # where the target pass is compute-bound, decode plainly instead of paying for guesses.
         per_request = nodes_per_request(self.params.step_token_budget, len(active), self.max_nodes)
         if per_request < 2:
-            for _, req_id, _ in active:
-                self.trees.pop(req_id, None)
             return drafts
         for i, req_id, sampled in active:
             num_tokens = int(batch.num_tokens_no_spec[i])
             room = self.max_model_len - num_tokens  # positions left for drafts after x0
             if room <= 0:
-                self.trees.pop(req_id, None)
                 continue
             state = self.states.get(req_id)
             if state is None:
