@@ -21,21 +21,15 @@ from vllm_lookahead.config import (
     LookaheadParams,
 )
 from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.tree_attention import ancestor_mask_tensor
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
 
-def _tree_mask(tree_bits: list[int], prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
+def _tree_mask(tree, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive [1, 1, n, prefix_len + n] mask: every node sees the prefix, itself and its ancestors."""
-    n = len(tree_bits)
-    allowed = torch.zeros(n, prefix_len + n, dtype=torch.bool)
-    allowed[:, :prefix_len] = True
-    shifts = torch.arange(n)
-    bits = torch.tensor(tree_bits, dtype=torch.int64) if n <= 62 else None
-    if bits is not None:
-        allowed[:, prefix_len:] = ((bits[:, None] >> shifts[None, :]) & 1).bool()
-    else:  # Python ints are unbounded; torch int64 is not.
-        for u, b in enumerate(tree_bits):
-            allowed[u, prefix_len:] = torch.tensor([(b >> v) & 1 for v in range(n)], dtype=torch.bool)
+    n = tree.num_nodes
+    allowed = torch.ones(n, prefix_len + n, dtype=torch.bool)
+    allowed[:, prefix_len:] = ancestor_mask_tensor(tree)
     mask = torch.zeros(n, prefix_len + n, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
@@ -116,7 +110,7 @@ def lookahead_generate(
     while len(new_tokens) < max_new_tokens and new_tokens[-1] not in eos:
         tree = state.build_tree(new_tokens[-1], max_nodes=max_nodes)
         positions = torch.tensor([[prefix_len + d for d in tree.depths]], device=device)
-        mask = _tree_mask(tree.ancestor_bits(), prefix_len, dtype).to(device)
+        mask = _tree_mask(tree, prefix_len, dtype).to(device)
         out = model(
             input_ids=torch.tensor([tree.tokens], device=device),
             position_ids=positions,
