@@ -105,6 +105,17 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
         for i, (a, b) in enumerate(zip(got, plain_outputs, strict=True))
         if a != b and kinds[i] != "sampled"
     ]
+    if mismatched:
+        from transformers import AutoTokenizer
+
+        from vllm_lookahead.models import default_model_path
+
+        tk = AutoTokenizer.from_pretrained(default_model_path())
+        for i, _ in mismatched:
+            a, b = got[i], plain_outputs[i]
+            j = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), min(len(a), len(b)))
+            print("DIVERGE", i, kinds[i], j, len(a), len(b), repr(tk.decode(a[max(0, j - 5) : j + 5])), "|||",
+                  repr(tk.decode(b[max(0, j - 5) : j + 5])))
     assert not mismatched, f"outputs differ from plain decoding for {mismatched}"
     # The batch exercised what it claims: stop strings, EOS, length limits and the long prompt.
     reasons = {o.outputs[0].finish_reason for o in outs}

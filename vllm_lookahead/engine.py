@@ -57,17 +57,22 @@ def nodes_per_request(step_token_budget: int, num_requests: int, max_nodes: int)
     return min(max_nodes, step_token_budget // max(1, num_requests))
 
 
+def _chain_tree(x0: int, drafts: list[int]) -> StepTree:
+    n = len(drafts) + 1
+    return StepTree(tokens=[x0, *drafts], parents=list(range(-1, n - 1)), depths=list(range(n)))
+
+
 def _is_chain(tree: StepTree) -> bool:
     return all(p == u - 1 for u, p in enumerate(tree.parents))
 
 
-def ineligible_reason(sampling_params: Any) -> str | None:
+def ineligible_reason(sampling_params: Any, honour_opt_out: bool = True) -> str | None:
     """Why a request must take the plain path, or None. Greedy is exact on the tree; the rest is linear."""
     sp = sampling_params
     if sp is None:
         return "no sampling parameters"
     extra = getattr(sp, "extra_args", None) or {}
-    if extra.get(OPT_OUT_KEY) is False:
+    if honour_opt_out and extra.get(OPT_OUT_KEY) is False:
         return "opted out with extra_args={'lookahead': False}"
     if sp.temperature > 1e-5:
         return "sampling (temperature > 0) is not supported by lookahead yet"
@@ -101,6 +106,10 @@ class LookaheadEngine:
         self.states.pop(req_id, None)
         self.trees.pop(req_id, None)
         self._eligible.pop(req_id, None)
+
+    def _plain_greedy(self, runner: Any, req_id: str) -> bool:
+        req_state = runner.requests.get(req_id)
+        return req_state is not None and ineligible_reason(req_state.sampling_params, honour_opt_out=False) is None
 
     def _check_eligible(self, req_id: str, sampling_params: Any) -> bool:
         ok = self._eligible.get(req_id)
@@ -138,11 +147,16 @@ class LookaheadEngine:
             x0 = int(batch.token_ids_cpu[idx, computed[idx]])
             tree = trees.get(req_id)
             k = len(drafts)
-            if tree is None or tree.tokens[0] != x0 or tree.tokens[1 : k + 1] != list(drafts):
-                # Drafts this engine did not make (placeholders, vLLM's own padding near max_model_len, a request
-                # that takes the plain path): vLLM's linear-chain verification of them stands.
-                continue
-            tree = tree.truncate(k + 1)
+            if tree is not None and tree.tokens[0] == x0 and tree.tokens[1 : k + 1] == list(drafts):
+                tree = tree.truncate(k + 1)
+            elif self._plain_greedy(runner, req_id):
+                # Drafts this engine did not make (vLLM pads every request with zeros near max_model_len, or
+                # placeholders): verify them as a chain, which the stock attention computes as it is. vLLM's own
+                # verification of that zero padding was seen to return wrong tokens, so greedy requests,
+                # opted-out ones included, are checked here against the target's argmax.
+                tree = _chain_tree(x0, list(drafts))
+            else:
+                continue  # sampling etc.: vLLM's verification stands
             mask = None
             if not _is_chain(tree):
                 mask = ancestor_mask_tensor(tree)
