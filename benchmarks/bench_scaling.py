@@ -96,8 +96,8 @@ def first_difference(a: list[int], b: list[int]) -> int:
 def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
+    from vllm_lookahead.config import LookaheadParams
     from vllm_lookahead.reference import lookahead_generate
-    from vllm_lookahead.tree import steady_tree_size
 
     counter = NodeCounter()
     handle = model.register_forward_pre_hook(counter, with_kwargs=True)
@@ -114,15 +114,10 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
             for i, ids in enumerate(prompt_ids):
                 bar.set_postfix_str(f"{cfg['label']} G={g} prompt {i}")
                 counter.lengths.clear()
-                out, stats = lookahead_generate(
-                    model,
-                    ids,
-                    args.max_new_tokens,
-                    window_size=w,
-                    ngram_size=n,
-                    guess_set_size=g,
-                    lookup_candidates=args.lookup_candidates,
+                params = LookaheadParams(
+                    window_size=w, ngram_size=n, guess_set_size=g, lookup_candidates=args.lookup_candidates
                 )
+                out, stats = lookahead_generate(model, ids, args.max_new_tokens, params)
                 steps += stats["steps"]
                 tokens += stats["tokens"]
                 step_nodes += sum(counter.lengths[1:])  # the prefill is not a tree step
@@ -140,7 +135,7 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
                         {"prompt": i, "first_diff": at, "len": len(out), "baseline_len": len(baseline_tokens[i])}
                     )
                 bar.update(1)
-            nodes = 1 if cfg["label"] == "baseline" else steady_tree_size(w, n, g)
+            nodes = 1 if cfg["label"] == "baseline" else LookaheadParams(w, n, g, lookup_candidates=0).max_tree_nodes
             rows.append(
                 {
                     "label": cfg["label"],

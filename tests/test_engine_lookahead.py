@@ -162,21 +162,15 @@ def test_steps_match_the_reference_decoder(la_llm, model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
+    from vllm_lookahead.config import LookaheadParams
     from vllm_lookahead.reference import lookahead_generate
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
     for prompt in humaneval_prompts(3):
         ids = tok(prompt)["input_ids"]
-        ref, ref_stats = lookahead_generate(
-            model,
-            ids,
-            48,
-            window_size=LA_CONFIG["window_size"],
-            ngram_size=LA_CONFIG["ngram_size"],
-            guess_set_size=LA_CONFIG["guess_set_size"],
-            eos_token_id=[],
-        )
+        params = LookaheadParams.from_mapping({k: v for k, v in LA_CONFIG.items() if k != "method"})
+        ref, ref_stats = lookahead_generate(model, ids, 48, params, eos_token_id=[])
         steps_before = la_llm.collective_rpc("lookahead_stats")[0]["steps"]
         out = la_llm.generate(
             {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True), use_tqdm=False

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import patches
-from vllm_lookahead import plugin
+from vllm_lookahead import patches, plugin
 from vllm_lookahead.config import LookaheadParams
 
 
@@ -28,7 +27,7 @@ def test_defaults_derive_num_speculative_tokens():
     cfg = _sc(method="lookahead")
     params = LookaheadParams()
     assert cfg.method == "lookahead"
-    assert cfg.num_speculative_tokens == params.tree_size - 1
+    assert cfg.num_speculative_tokens == params.max_tree_nodes - 1
     cfg = _sc(method="lookahead", window_size=4, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
     assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 + 1 * 8 - 1
     assert cfg.window_size == 4 and cfg.pool_from_prompt is False
@@ -46,7 +45,9 @@ def test_shorthand_model_selects_lookahead():
         ({"guess_set_size": -1}, r"guess_set_size must be an integer in \[0, 64\]"),
         ({"pool_from_prompt": "yes"}, r"pool_from_prompt must be a bool"),
         ({"window_size": 2.5}, r"window_size must be an integer"),
-        ({"num_speculative_tokens": 3}, r"num_speculative_tokens=3 is too small .* at least 23"),
+        ({"num_speculative_tokens": 3}, r"num_speculative_tokens must be in \[23, 128\] .* \(got 3\)"),
+        ({"num_speculative_tokens": 129}, r"num_speculative_tokens must be in \[23, 128\]"),
+        ({"lookahead_seed": -1}, r"lookahead_seed must be an integer in \[0, "),
         ({"window_size": 20, "ngram_size": 8}, r"more than vLLM's limit of 128"),
         ({"lookup_len": 0}, r"lookup_len must be an integer in \[1, 32\]"),
         ({"bogus": 1}, r"bogus\s+Unexpected keyword argument"),
@@ -63,10 +64,24 @@ def test_lookahead_keys_are_refused_for_other_methods():
     assert _sc(method="ngram", num_speculative_tokens=3).method == "ngram"
 
 
-def test_unsupported_vllm_version_fails_loudly(monkeypatch):
-    monkeypatch.setattr(plugin, "installed_vllm_version", lambda: "0.33.0")
-    with pytest.raises(Exception, match="supports vLLM 0.32.0 only; found 0.33.0"):
-        _sc(method="lookahead")
+def test_null_key_takes_the_default():
+    assert _sc(method="lookahead", ngram_size=None).num_speculative_tokens == LookaheadParams().max_tree_nodes - 1
+
+
+def test_every_key_of_the_params_is_a_config_key():
+    cfg = _sc(method="lookahead", **{k: getattr(LookaheadParams(), k) for k in LookaheadParams.keys()})
+    assert cfg.method == "lookahead"
+
+
+def test_tree_limit_is_vllms_own():
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    # A tree of exactly vLLM's limit (9 window and pool drafts + 7 lookups of 17 tokens), then one over it.
+    shape = {"window_size": 4, "ngram_size": 3, "guess_set_size": 1, "lookup_candidates": 7}
+    assert MAX_SPEC_LEN == 128
+    assert _sc(method="lookahead", lookup_len=17, **shape).num_speculative_tokens == MAX_SPEC_LEN
+    with pytest.raises(Exception, match=f"135 draft tokens, more than vLLM's limit of {MAX_SPEC_LEN}"):
+        _sc(method="lookahead", lookup_len=18, **shape)
 
 
 def test_cli_flags(model_path):
@@ -110,8 +125,9 @@ def test_patches_are_revertible_and_inert_when_reverted():
 def test_step_token_budget_shrinks_trees_then_turns_drafting_off():
     from vllm_lookahead.engine import nodes_per_request
 
-    tree = LookaheadParams().tree_size
-    assert nodes_per_request(24, 1, tree) == 24 == tree  # one request: the whole default tree
-    assert nodes_per_request(24, 4, tree) == 6
-    assert nodes_per_request(24, 16, tree) == 1  # under two nodes: no drafts, plain decoding
-    assert nodes_per_request(10_000, 3, tree) == tree
+    room = 1000  # positions left before max_model_len
+    assert nodes_per_request(24, 1, room) == 24 == LookaheadParams().max_tree_nodes  # one request: the whole tree
+    assert nodes_per_request(24, 4, room) == 6
+    assert nodes_per_request(24, 16, room) == 1  # under two nodes: no drafts, plain decoding
+    assert nodes_per_request(24, 1, 3) == 4  # near max_model_len: x0 and three drafts
+    assert nodes_per_request(24, 1, 0) == 1

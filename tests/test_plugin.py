@@ -35,6 +35,21 @@ def test_local_tag_is_ignored():
     plugin.check_vllm_version("0.32.0+cpu")
 
 
+def test_other_version_leaves_vllm_untouched(monkeypatch, caplog):
+    from vllm_lookahead import patches
+
+    patches.revert_all()
+    monkeypatch.setattr(plugin, "_registered", False)
+    monkeypatch.setattr(plugin, "installed_vllm_version", lambda: "0.33.0")
+    try:
+        with caplog.at_level("WARNING", logger="vllm_lookahead"):
+            plugin.register()
+        assert patches.applied() == []
+        assert "plugin stays inert" in caplog.text
+    finally:
+        patches.apply_all()
+
+
 def test_vllm_console_script_metadata():
     # cpu_fixups writes a `vllm` distribution alias versioned X+cpu, which the `vllm` command needs.
     assert "cpu" in md.version("vllm") or md.version("vllm") == SUPPORTED_VLLM_VERSION

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.prompts import humaneval_prompts
 from vllm_lookahead.reference import lookahead_generate
 
@@ -36,8 +37,9 @@ def cases(hf):
 def test_greedy_equals_generate_and_compresses(hf, cases):
     model, _ = hf
     total_tokens = total_steps = 0
+    params = LookaheadParams(window_size=7, ngram_size=4, guess_set_size=7)
     for ids, ref in cases:
-        new, stats = lookahead_generate(model, ids, MAX_NEW, window_size=7, ngram_size=4, guess_set_size=7)
+        new, stats = lookahead_generate(model, ids, MAX_NEW, params)
         assert new == ref
         assert stats["tokens"] == len(new)
         # Every step is one forward pass and yields 1 + accepted tokens (the last step may overshoot).
@@ -51,9 +53,8 @@ def test_greedy_equals_generate_and_compresses(hf, cases):
 def test_other_shapes_and_truncated_trees_stay_exact(hf, cases, w, n, g, max_nodes):
     model, _ = hf
     ids, ref = cases[0]
-    new, stats = lookahead_generate(
-        model, ids, MAX_NEW, window_size=w, ngram_size=n, guess_set_size=g, max_nodes=max_nodes, lookup_candidates=0
-    )
+    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, lookup_candidates=0)
+    new, stats = lookahead_generate(model, ids, MAX_NEW, params, max_nodes=max_nodes)
     assert new == ref
     if g == 0 and w == 1:
         # A window of one column on a 2-gram holds only x0 and there is no pool or lookup: plain decoding.
@@ -73,15 +74,7 @@ def test_eos_and_length_limit(hf, cases):
 def test_sampling_runs_and_is_seeded(hf, cases):
     model, _ = hf
     ids, _ = cases[1]
-    a, _ = lookahead_generate(model, ids, 24, do_sample=True, temperature=0.8, seed=3)
-    b, _ = lookahead_generate(model, ids, 24, do_sample=True, temperature=0.8, seed=3)
+    params = LookaheadParams(lookahead_seed=3)
+    a, _ = lookahead_generate(model, ids, 24, params, do_sample=True, temperature=0.8)
+    b, _ = lookahead_generate(model, ids, 24, params, do_sample=True, temperature=0.8)
     assert a == b and len(a) == 24
-
-
-def test_bad_parameters_name_the_field(hf, cases):
-    model, _ = hf
-    ids, _ = cases[0]
-    with pytest.raises(ValueError, match="window_size"):
-        lookahead_generate(model, ids, 4, window_size=0)
-    with pytest.raises(ValueError, match="ngram_size"):
-        lookahead_generate(model, ids, 4, ngram_size=1)

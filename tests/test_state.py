@@ -40,7 +40,7 @@ def lookahead_greedy(target, prompt, n, params, merge=True, max_nodes=None):
     while len(out) < n:
         tree = state.build_tree(x0, max_nodes=max_nodes)
         assert max_nodes is None or tree.num_nodes <= max_nodes
-        assert tree.num_nodes <= params.tree_size
+        assert tree.num_nodes <= params.max_tree_nodes
         base = [*context, x0]
         # The target's argmax at node u: the model sees the cache plus u's root path after x0.
         argmax = [target(base + [tree.tokens[v] for v in tree.path(u)[1:]]) for u in range(tree.num_nodes)]
@@ -114,9 +114,9 @@ def test_prompt_lookup_candidates_come_first_and_follow_the_output():
 
 def test_seed_controls_initial_window():
     prompt = list(range(50))
-    a = LookaheadState(LookaheadParams(seed=1), prompt).window.rows
-    b = LookaheadState(LookaheadParams(seed=1), prompt).window.rows
-    c = LookaheadState(LookaheadParams(seed=2), prompt).window.rows
+    a = LookaheadState(LookaheadParams(lookahead_seed=1), prompt).window.rows
+    b = LookaheadState(LookaheadParams(lookahead_seed=1), prompt).window.rows
+    c = LookaheadState(LookaheadParams(lookahead_seed=2), prompt).window.rows
     assert a == b and a != c
     assert set(a[0][1:]) <= set(prompt)
 
@@ -143,7 +143,7 @@ def test_greedy_exact_any_params(w, n, g, merge, periodic, max_nodes, prompt_see
     rng = random.Random(prompt_seed)
     prompt = [rng.randrange(11) for _ in range(rng.randrange(1, 30))]
     target = periodic_target if periodic else chaotic_target
-    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, seed=prompt_seed)
+    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, lookahead_seed=prompt_seed)
     out, steps, _ = lookahead_greedy(target, prompt, 60, params, merge=merge, max_nodes=max_nodes)
     assert out == greedy_reference(target, prompt, 60)
     assert steps <= 60
@@ -180,4 +180,4 @@ def test_sampling_with_one_hot_target_through_state_is_greedy():
         x0 = toks[-1]
         out.extend(toks)
     assert out[:100] == greedy_reference(periodic_target, prompt, 100)
-    assert state.compression > 1.5
+    assert state.num_tokens / state.num_steps > 1.5

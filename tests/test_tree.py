@@ -1,14 +1,9 @@
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.tree import (
-    StepTree,
-    build_step_tree,
-    max_tree_size,
-    steady_tree_size,
-    window_slots_max,
-)
+from vllm_lookahead.tree import StepTree, build_step_tree, window_slots_max
 from vllm_lookahead.window import JacobiWindow
 
 VOCAB = 3  # tiny, so that paths collide and merging has work to do
@@ -51,8 +46,8 @@ def _check_valid(tree):
     assert all(0 <= u < n for nodes in tree.candidate_nodes for u in nodes)
 
 
-def test_max_tree_size():
-    assert max_tree_size(7, 4, 7) == 1 + (7 * 3 - 1) + 7 * 3 == steady_tree_size(7, 4, 7)
+def test_window_slots_max():
+    assert window_slots_max(7, 4) == 7 * 3
     assert window_slots_max(1, 2) == 1
     assert window_slots_max(1, 6) == 9  # warm-up level 2: 3 rows of 3 columns, steady is 5 rows of 1
     for w in range(1, 10):
@@ -61,7 +56,15 @@ def test_max_tree_size():
             assert window_slots_max(w, n) == max(sizes)
             assert sizes[-1] == w * (n - 1)
             if w >= n - 2:
-                assert max_tree_size(w, n, 3) == steady_tree_size(w, n, 3)
+                assert window_slots_max(w, n) == w * (n - 1)
+
+
+def test_chain():
+    tree = StepTree.chain([5, 6, 7])
+    assert tree.parents == [-1, 0, 1] and tree.depths == [0, 1, 2] and tree.is_chain
+    assert tree.ancestor_mask().tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert StepTree.chain([5]).is_chain
+    assert not build_step_tree(4, None, [[1, 2], [1, 3]]).is_chain
 
 
 def test_small_example_node_order_candidates_first():
@@ -90,7 +93,7 @@ def test_small_example_node_order_candidates_first():
 
 def test_window_none_and_empty():
     tree = build_step_tree(4, None, [])
-    assert tree.tokens == [4] and tree.num_nodes == 1 and tree.ancestors_mask() == [[True]]
+    assert tree.tokens == [4] and tree.num_nodes == 1 and tree.ancestor_mask().tolist() == [[True]]
     tree = build_step_tree(4, None, [[1, 2], [1, 3]])
     assert tree.tokens == [4, 1, 2, 3] and tree.parents == [-1, 0, 1, 1]
 
@@ -104,13 +107,11 @@ def test_tree_properties(inp, merge):
     assert tree.tokens[0] == x0
     n = tree.num_nodes
 
-    # Every node sees exactly itself and its ancestors; both mask forms agree.
-    mask = tree.ancestors_mask()
-    bits = tree.ancestor_bits()
+    # Every node sees exactly itself and its ancestors.
+    mask = tree.ancestor_mask().tolist()
     for u in range(n):
-        anc = set(tree.path(u))
-        assert {v for v in range(n) if mask[u][v]} == anc
-        assert {v for v in range(n) if bits[u] >> v & 1} == anc
+        assert {v for v in range(n) if mask[u][v]} == set(tree.path(u))
+    assert tree.is_chain == all(tree.parents[u] == u - 1 for u in range(n))
 
     # Positions == depth, and every slot / candidate token is its own root path.
     assert set(tree.window_node) == {(r, i) for r, i, _ in win.slots()}
@@ -137,8 +138,8 @@ def test_tree_properties(inp, merge):
             kids = [tree.tokens[c] for c in tree.children(u)]
             assert len(kids) == len(set(kids))
     else:
-        assert n == win.num_slots() + sum(len(c) for c in cands)
-        assert n <= max_tree_size(win.window_size, win.ngram_size, len(cands)) or any(
+        assert n == len(win.slots()) + sum(len(c) for c in cands)
+        assert n <= window_slots_max(win.window_size, win.ngram_size) + len(cands) * (win.ngram_size - 1) or any(
             len(c) > win.ngram_size - 1 for c in cands
         )
         slot_node = tree.window_node
@@ -189,8 +190,7 @@ def test_any_prefix_cut_is_a_valid_tree(inp, merge, data):
         assert tree.tokens == full.tokens[:keep]
         assert tree.window_node == {s: u for s, u in full.window_node.items() if u < keep}
         assert tree.candidate_nodes == [[u for u in nodes if u < keep] for nodes in full.candidate_nodes]
-        full_mask = full.ancestors_mask()
-        assert tree.ancestors_mask() == [row[:keep] for row in full_mask[:keep]]
+        assert torch.equal(tree.ancestor_mask(), full.ancestor_mask()[:keep, :keep])
         last = win.fill
         assert tree.window_output_nodes(last, win.num_cols) == [
             tree.window_node.get((last, i)) for i in range(win.num_cols)

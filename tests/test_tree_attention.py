@@ -5,26 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_lookahead.cpu_kv_cache import check_layout, gather_kv, read_slots, split, vllm_writer
 from vllm_lookahead.tree import build_step_tree
-from vllm_lookahead.tree_attention import (
-    TreeSpan,
-    apply_tree_attention,
-    check_cache_layout,
-    gather_kv,
-    read_slots,
-)
-
-
-def _writer(isa: str):
-    import vllm._custom_ops as ops
-
-    return lambda k, v, kc, vc, slots: ops.cpu_attn_reshape_and_cache(k, v, kc, vc, slots, isa)
+from vllm_lookahead.tree_attention import TreeRows, apply_tree_attention
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("block_size", [32, 128])
 def test_layout_check_passes_for_the_vec_layout(dtype, block_size):
-    check_cache_layout(_writer("vec"), dtype, num_kv_heads=3, head_size=64, block_size=block_size)
+    check_layout(vllm_writer("vec"), dtype, num_kv_heads=3, head_size=64, block_size=block_size)
 
 
 def test_layout_check_fails_loudly_on_a_layout_it_does_not_know():
@@ -34,7 +23,7 @@ def test_layout_check_fails_loudly_on_a_layout_it_does_not_know():
         vc[slots // bs, :, slots % bs] = v
 
     with pytest.raises(RuntimeError, match="layout"):
-        check_cache_layout(plain_writer, torch.float32, num_kv_heads=2, head_size=64, block_size=32)
+        check_layout(plain_writer, torch.float32, num_kv_heads=2, head_size=64, block_size=32)
 
 
 def test_tree_attention_matches_dense_masked_attention():
@@ -47,19 +36,18 @@ def test_tree_attention_matches_dense_masked_attention():
     key = torch.randn(seq_len, kv_heads, d)
     value = torch.randn(seq_len, kv_heads, d)
     nb = 4
-    kv = torch.zeros(nb, kv_heads, bs, 2 * d)
-    kc, vc = kv.view(nb, kv_heads, 2 * bs, d).chunk(2, dim=2)
+    kc, vc = split(torch.zeros(nb, kv_heads, bs, 2 * d))
     block_ids = torch.tensor([3, 1, 0, 2], dtype=torch.int32)
     pos = torch.arange(seq_len)
     slots = block_ids.long()[pos // bs] * bs + pos % bs
-    _writer("vec")(key, value, kc, vc, slots)
+    vllm_writer("vec")(key, value, kc, vc, slots)
 
     q_start = 5  # other requests' rows around it must stay untouched
     query = torch.randn(q_start + n + 3, heads, d)
     output = torch.full((q_start + n + 3, heads * d), 7.0)
-    mask = torch.tensor(tree.ancestors_mask())
-    span = TreeSpan(q_start=q_start, num_nodes=n, seq_len=seq_len, block_ids=block_ids, mask=mask)
-    apply_tree_attention(query, kc, vc, output, [span], scale=0.125)
+    mask = tree.ancestor_mask()
+    rows = TreeRows(q_start=q_start, num_nodes=n, seq_len=seq_len, block_ids=block_ids, mask=mask)
+    apply_tree_attention(query, kc, vc, output, [rows], scale=0.125)
 
     assert torch.all(output[:q_start] == 7.0) and torch.all(output[q_start + n :] == 7.0)
     groups = heads // kv_heads
@@ -74,5 +62,5 @@ def test_tree_attention_matches_dense_masked_attention():
             torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     k_all, v_all = gather_kv(kc, vc, block_ids, seq_len)
     assert torch.equal(k_all, key.transpose(0, 1)) and torch.equal(v_all, value.transpose(0, 1))
-    rk, rv = read_slots(kc, vc, block_ids, [prefix + 2, 0])
+    rk, rv = read_slots(kc, vc, block_ids, torch.tensor([prefix + 2, 0]))
     assert torch.equal(rk, key[[prefix + 2, 0]]) and torch.equal(rv, value[[prefix + 2, 0]])

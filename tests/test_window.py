@@ -21,9 +21,9 @@ def _perfect_outputs(win, p):
 def test_initial_shape_and_from_tokens():
     win = JacobiWindow.from_tokens(4, 3, [7, 8, 9], random.Random(1), x0=5)
     assert win.rows[0][0] == 5
-    assert win.num_rows == 1 and win.num_cols == 4 + 3 - 2
+    assert len(win.rows) == 1 and win.num_cols == 4 + 3 - 2
     assert set(win.rows[0][1:]) <= {7, 8, 9}
-    assert not win.is_steady
+    assert not (win.fill == win.ngram_size - 2)
     again = JacobiWindow.from_tokens(4, 3, [7, 8, 9], random.Random(1), x0=5)
     assert again.rows == win.rows  # seeded: reproducible
     rows = {tuple(JacobiWindow.from_tokens(6, 4, range(100), random.Random(s)).rows[0]) for s in range(5)}
@@ -46,7 +46,7 @@ def test_wrong_guess_count_and_output_length():
 
 def test_n2_steady_from_start_row0_from_outputs():
     win = JacobiWindow(4, 2, [11, 12, 13], x0=10)
-    assert win.is_steady and win.num_rows == 1
+    assert (win.fill == win.ngram_size - 2) and len(win.rows) == 1
     ngrams = win.step(20, [21, 22, 23, 24])
     assert ngrams == [(10, (21,)), (11, (22,)), (12, (23,)), (13, (24,))]
     assert win.rows == [[20, 22, 23, 24]]
@@ -58,7 +58,7 @@ def test_concrete_warmup_then_steady_n4():
     assert win.rows == [[10, 2, 3], [2, 3, 4]]
     assert win.step(20, [0, 0, 0]) == []  # warm-up 2: only the last row's outputs matter
     assert win.rows == [[20, 3], [3, 4], [0, 0]]
-    assert win.is_steady
+    assert (win.fill == win.ngram_size - 2)
     win.set_x0(30)
     ngrams = win.step(40, [7, 8])
     assert ngrams == [(30, (3, 0, 7)), (3, (4, 0, 8))]
@@ -75,8 +75,8 @@ def test_position_rule_shapes_and_ngrams(w, n, steps, p0):
     for s in range(steps + 1):
         k = min(s, n - 2)
         assert win.fill == k
-        assert win.is_steady == (k == n - 2)
-        assert win.num_rows == k + 1
+        assert (win.fill == win.ngram_size - 2) == (k == n - 2)
+        assert len(win.rows) == k + 1
         assert all(len(row) == (w if k == n - 2 else w + n - 2 - k) for row in win.rows)
         for r, i, tok in win.slots():
             assert tok == p + r + i
@@ -103,7 +103,7 @@ def test_slots_parents_first_column_major(w, n, steps):
         if (r, i) != (0, 0):
             assert ((r - 1, i) if r else (0, i - 1)) in seen
         seen.add((r, i))
-    assert len(seen) == len(slots) == win.num_rows * win.num_cols
+    assert len(seen) == len(slots) == len(win.rows) * win.num_cols
     assert [(r, i) for r, i, _ in slots] == sorted(seen, key=lambda s: (s[1], s[0]))
 
 
@@ -112,7 +112,7 @@ def test_missing_outputs_keep_old_guess_and_skip_ngram(n):
     w = 4
     win = _labelled_window(w, n, 0)
     p = 0
-    while not win.is_steady:
+    while not (win.fill == win.ngram_size - 2):
         win.step(p + 1, _perfect_outputs(win, p))
         p += 1
     old_last = list(win.rows[-1])

@@ -1,104 +1,102 @@
-"""User-facing lookahead parameters, validated once so the per-step code can trust them."""
+"""User-facing lookahead parameters: the one place that defines every key, its default, range and meaning.
+
+`LookaheadParams` is the single source of truth. vLLM's `speculative_config` accepts exactly its fields as keys
+(patches/speculative_config.py derives them from here), the README's key table is checked against it by a test,
+and the reference decoder takes an instance. Validated once on creation, so the per-step code can trust it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_lookahead.tree import max_tree_size
+from vllm_lookahead.tree import window_slots_max
 
-# Chosen from measurements on the default model on CPU (README, "Choosing the defaults"): a step's cost grows with
-# its tree, so a small window plus one long prompt-lookup candidate (24 nodes) beats the paper's GPU-sized
-# configs (W=15, N=5, G=W for 7B models on A100) here.
-DEFAULT_WINDOW_SIZE = 4
-DEFAULT_NGRAM_SIZE = 3
-DEFAULT_GUESS_SET_SIZE = 4
-DEFAULT_MAX_POOL_KEYS = 4096
-DEFAULT_LOOKUP_CANDIDATES = 1
-DEFAULT_LOOKUP_LEN = 8
-MAX_LOOKUP_CANDIDATES = 8
-MAX_LOOKUP_LEN = 32
-DEFAULT_STEP_TOKEN_BUDGET = 24
-MAX_STEP_TOKEN_BUDGET = 1 << 16
-
-# Sanity bounds: beyond these a step's tree (W + G) * (N - 1) is far past any useful size and most likely a
-# typo; they also keep per-request memory bounded.
-MAX_WINDOW_SIZE = 64
-MAX_NGRAM_SIZE = 16
-MAX_GUESS_SET_SIZE = 64
 MAX_SEED = 2**63 - 1
-MAX_POOL_KEYS = 1 << 20
 
 
-def _check_int(name: str, value: Any, lo: int, hi: int) -> None:
-    # bool is a subclass of int; `window_size=True` is surely a mistake, so reject it explicitly.
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"lookahead: {name} must be an integer in [{lo}, {hi}] (got {value!r})")
+def _key(default: Any, lo: int | None, hi: int | None, help: str) -> Any:
+    """A field whose metadata carries its allowed range (None for bools) and its one-line meaning."""
+    return field(default=default, metadata={"range": None if lo is None else (lo, hi), "help": help})
 
 
 @dataclass(frozen=True)
 class LookaheadParams:
-    """W (window_size), N (ngram_size), G (guess_set_size) plus pool/seed options, validated on creation."""
+    """W (window_size), N (ngram_size), G (guess_set_size) and the other candidate sources; validated on creation.
 
-    window_size: int = DEFAULT_WINDOW_SIZE
-    ngram_size: int = DEFAULT_NGRAM_SIZE
-    guess_set_size: int = DEFAULT_GUESS_SET_SIZE
-    pool_from_prompt: bool = True
-    # Also learn the n-grams of the accepted output (prompt lookup on the text so far): free candidates.
-    pool_from_output: bool = True
-    # Prompt-lookup candidates (continuations of earlier occurrences of the last tokens) added to the tree.
-    lookup_candidates: int = DEFAULT_LOOKUP_CANDIDATES
-    lookup_len: int = DEFAULT_LOOKUP_LEN
-    # Most tokens (tree nodes, x0s included) the lookahead requests of one engine step may carry together; trees
-    # shrink to share it and vanish below two nodes each, so large batches, where the target pass is
-    # compute-bound, decode plainly instead of paying for guesses.
-    step_token_budget: int = DEFAULT_STEP_TOKEN_BUDGET
-    seed: int = 0
-    max_pool_keys: int = DEFAULT_MAX_POOL_KEYS
+    The defaults were chosen from measurements on the default model on CPU (README, "Keys"): a step's cost grows
+    with its tree there, so a small window plus one long prompt-lookup candidate beats the paper's GPU-sized
+    configs (W=15, N=5, G=W for 7B models on an A100).
+    """
+
+    window_size: int = _key(4, 1, 64, "columns of the Jacobi window (future positions looked at)")
+    ngram_size: int = _key(3, 2, 16, "n-gram length; the window keeps N-1 rows")
+    guess_set_size: int = _key(
+        4, 0, 64, "most pool candidates (n-grams starting with the last token) verified per step"
+    )
+    pool_from_prompt: bool = _key(True, None, None, "seed the n-gram pool with the prompt's n-grams")
+    pool_from_output: bool = _key(True, None, None, "the pool also learns the n-grams of the accepted output")
+    lookup_candidates: int = _key(
+        1,
+        0,
+        8,
+        "prompt-lookup candidates (continuations of earlier occurrences of the last 1-3 tokens) added to the tree",
+    )
+    lookup_len: int = _key(8, 1, 32, "tokens per prompt-lookup candidate")
+    step_token_budget: int = _key(
+        24,
+        2,
+        1 << 16,
+        "most tokens (tree nodes, x0s included) all lookahead requests of one step may carry; trees shrink to "
+        "share it, and below two nodes per request drafting stops (large batches decode plainly)",
+    )
+    lookahead_seed: int = _key(0, 0, MAX_SEED, "seed of the window's initial guesses (drawn from the prompt)")
+    max_pool_keys: int = _key(
+        4096, 1, 1 << 20, "most keys of a request's n-gram pool (least recently updated dropped first)"
+    )
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        _check_int("window_size", self.window_size, 1, MAX_WINDOW_SIZE)
-        _check_int("ngram_size", self.ngram_size, 2, MAX_NGRAM_SIZE)
-        _check_int("guess_set_size", self.guess_set_size, 0, MAX_GUESS_SET_SIZE)
-        for name in ("pool_from_prompt", "pool_from_output"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"lookahead: {name} must be a bool (got {getattr(self, name)!r})")
-        _check_int("lookup_candidates", self.lookup_candidates, 0, MAX_LOOKUP_CANDIDATES)
-        _check_int("lookup_len", self.lookup_len, 1, MAX_LOOKUP_LEN)
-        _check_int("step_token_budget", self.step_token_budget, 2, MAX_STEP_TOKEN_BUDGET)
-        _check_int("seed", self.seed, 0, MAX_SEED)
-        _check_int("max_pool_keys", self.max_pool_keys, 1, MAX_POOL_KEYS)
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name), f.metadata["range"])
 
     @classmethod
-    def allowed_keys(cls) -> tuple[str, ...]:
+    def keys(cls) -> tuple[str, ...]:
+        """The accepted keys, in declaration order."""
         return tuple(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> LookaheadParams:
-        """Build from a user mapping (e.g. speculative_config extras); unknown keys are errors."""
-        if d is None:
-            return cls()
-        if not isinstance(d, Mapping):
-            raise ValueError(f"lookahead: config must be a mapping (got {type(d).__name__})")
-        allowed = cls.allowed_keys()
-        unknown = sorted(str(k) for k in d if k not in allowed)
+    def from_mapping(cls, given: Mapping[str, Any]) -> LookaheadParams:
+        """From user keys (e.g. speculative_config's). A key whose value is None takes its default; an unknown
+        key is an error naming it and the allowed keys."""
+        unknown = sorted(str(k) for k in given if k not in cls.keys())
         if unknown:
             raise ValueError(
-                f"lookahead: unknown config key(s) {', '.join(unknown)}; allowed keys: {', '.join(allowed)}"
+                f"lookahead: unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(cls.keys())}"
             )
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return cls(**{k: v for k, v in given.items() if v is not None})
 
     @property
-    def tree_size(self) -> int:
-        """Most tree nodes one step can need (unmerged worst case, warm-up included); a buffer bound."""
-        return max_tree_size(self.window_size, self.ngram_size, self.guess_set_size) + (
-            self.lookup_candidates * self.lookup_len
+    def max_tree_nodes(self) -> int:
+        """Most nodes (x0 included) any step's tree can have: the unmerged worst case, warm-up included.
+
+        The one tree-size function: config validation derives num_speculative_tokens from it and every tree
+        (engine and reference decoder alike) is built within it.
+        """
+        return (
+            window_slots_max(self.window_size, self.ngram_size)
+            + self.guess_set_size * (self.ngram_size - 1)
+            + self.lookup_candidates * self.lookup_len
         )
+
+
+def _check(name: str, value: Any, rng: tuple[int, int] | None) -> None:
+    if rng is None:
+        if not isinstance(value, bool):
+            raise ValueError(f"lookahead: {name} must be a bool (got {value!r})")
+        return
+    lo, hi = rng
+    # bool is a subclass of int; `window_size=True` is surely a mistake, so reject it explicitly.
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"lookahead: {name} must be an integer in [{lo}, {hi}] (got {value!r})")

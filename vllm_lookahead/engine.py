@@ -1,46 +1,44 @@
-"""The vLLM glue: one object per model runner that runs lookahead for the requests of its batches.
+"""The vLLM glue: one LookaheadEngine per model runner runs lookahead for the requests of its batches.
 
-Per step, in the runner's own order (see patches/model_runner.py):
-1. `begin_step` (after `_prepare_inputs`): for each request whose drafts are this step's tree, rewrite the
-   tree tokens' positions to pos(x0) + depth and publish the tree masks for the attention path.
-2. the forward pass: patches/attention.py recomputes the tree rows' attention (prefix + ancestors).
-3. `finish_step` (after `_sample`): greedy verification on each tree replaces vLLM's linear-chain result in
-   the sampler output; the accepted nodes' KV moves to the consecutive slots vLLM expects; the window and
-   pool advance with the argmax at every node.
-4. `propose` (vLLM's drafter call): build each request's next tree; its nodes after the root are the drafts.
-Requests that cannot use lookahead (sampling, penalties, logprobs, structured output, opt-out) get no
-drafts and so take vLLM's plain path; this is said once per reason in the log.
+Each vLLM hook (patches/model_runner.py) calls exactly one method here, in the runner's own order:
+- `drop_requests` (`_update_states`): per-request state goes when a request finishes, is preempted or resumes.
+- `begin_step` (after `_prepare_inputs`): the step opened by the last `propose` learns what vLLM scheduled;
+  tree tokens get positions pos(x0) + depth (written into `runner.positions`, after vLLM derived the KV slots
+  from the linear positions).
+- `forward_scope` (around `_model_forward`): the attention path sees the step while the forward pass runs.
+- `finish_step` (after `_sample`): greedy verification on each tree replaces vLLM's linear-chain result in the
+  sampler output rows; accepted nodes' KV moves to the consecutive slots vLLM expects; windows and pools
+  advance with the argmax at every node; the step closes.
+- `propose` (vLLM's drafter call): each lookahead request's next tree; its nodes after the root are the drafts.
+Those three writes into vLLM's data (positions, sampler output rows, KV slots) are the only ones; everything
+that replaces vLLM code is in patches/.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_lookahead import kv_relocation
 from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.eligibility import ineligible_reason
 from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
 from vllm_lookahead.tree import StepTree
-from vllm_lookahead.tree_attention import ancestor_mask_tensor
+from vllm_lookahead.tree_attention import TreeRows
 from vllm_lookahead.verify import greedy_verify
 
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
 logger = logging.getLogger("vllm_lookahead")
-
-# SamplingParams.extra_args key: {"lookahead": False} opts a request out.
-OPT_OUT_KEY = "lookahead"
-
-
-@dataclass
-class TreeEntry:
-    """A lookahead request in the current step."""
-
-    req_id: str
-    req_index: int  # row in the input batch
-    q_start: int  # its first query row (x0) in the flattened batch
-    tree: StepTree  # as scheduled (cut to the scheduled drafts)
-    mask: torch.Tensor | None  # [n, n] bool; None when the tree is a plain chain (the stock kernel is right)
 
 
 @dataclass
@@ -52,71 +50,47 @@ class LookaheadStats:
     preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
 
 
-def nodes_per_request(step_token_budget: int, num_requests: int, max_nodes: int) -> int:
-    """Tree nodes (x0 included) each of num_requests lookahead requests may schedule this step."""
-    return min(max_nodes, step_token_budget // max(1, num_requests))
-
-
-def _chain_tree(x0: int, drafts: list[int]) -> StepTree:
-    n = len(drafts) + 1
-    return StepTree(tokens=[x0, *drafts], parents=list(range(-1, n - 1)), depths=list(range(n)))
-
-
-def _is_chain(tree: StepTree) -> bool:
-    return all(p == u - 1 for u, p in enumerate(tree.parents))
-
-
-def ineligible_reason(sampling_params: Any, honour_opt_out: bool = True) -> str | None:
-    """Why a request must take the plain path, or None. Greedy is exact on the tree; the rest is linear."""
-    sp = sampling_params
-    if sp is None:
-        return "no sampling parameters"
-    extra = getattr(sp, "extra_args", None) or {}
-    if honour_opt_out and extra.get(OPT_OUT_KEY) is False:
-        return "opted out with extra_args={'lookahead': False}"
-    if sp.temperature > 1e-5:
-        return "sampling (temperature > 0) is not supported by lookahead yet"
-    if sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0:
-        return "penalties are not supported by lookahead"
-    if sp.logprobs is not None or getattr(sp, "prompt_logprobs", None) is not None:
-        return "logprobs are not supported by lookahead"
-    if getattr(sp, "structured_outputs", None) is not None:
-        return "structured output is not supported by lookahead"
-    if getattr(sp, "bad_words", None) or getattr(sp, "allowed_token_ids", None):
-        return "bad_words / allowed_token_ids are not supported by lookahead"
-    if getattr(sp, "logits_processors", None) or sp.min_tokens:
-        return "logits processors / min_tokens are not supported by lookahead"
-    return None
+def nodes_per_request(step_token_budget: int, num_requests: int, room: int) -> int:
+    """Tree nodes (x0 included) one of num_requests lookahead requests may draft this step: its share of the step
+    budget, and no more than the positions left before max_model_len (`room` drafts after x0) allow. The tree's own
+    bound (`LookaheadParams.max_tree_nodes`) is applied where it is built."""
+    return min(step_token_budget // max(1, num_requests), room + 1)
 
 
 class LookaheadEngine:
-    def __init__(self, params: LookaheadParams, num_speculative_tokens: int, max_model_len: int) -> None:
+    def __init__(self, params: LookaheadParams, max_model_len: int) -> None:
         self.params = params
-        self.max_nodes = num_speculative_tokens + 1
         self.max_model_len = max_model_len
         self.states: dict[str, LookaheadState] = {}
-        self.trees: dict[str, StepTree] = {}
-        self.plan: list[TreeEntry] = []
         self.stats = LookaheadStats()
+        self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
+        self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
         self._eligible: dict[str, bool] = {}
 
     # -- request lifetime ---------------------------------------------------------------------------------
-    def drop(self, req_id: str) -> None:
+    def drop_requests(self, scheduler_output: SchedulerOutput) -> None:
+        """Forget finished, preempted and resumed requests (a resumed one rebuilds its state on its next step)."""
+        for req_id in scheduler_output.finished_req_ids:
+            self._drop(req_id)
+        for req_id in scheduler_output.preempted_req_ids or ():
+            self._drop(req_id)
+            self.stats.preemptions += 1
+        for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
+            self._drop(req_id)
+
+    def _drop(self, req_id: str) -> None:
         self.states.pop(req_id, None)
-        self.trees.pop(req_id, None)
         self._eligible.pop(req_id, None)
 
-    def _plain_greedy(self, runner: Any, req_id: str) -> bool:
-        req_state = runner.requests.get(req_id)
-        return req_state is not None and ineligible_reason(req_state.sampling_params, honour_opt_out=False) is None
-
-    def _check_eligible(self, req_id: str, sampling_params: Any) -> bool:
+    def _check_eligible(self, runner: GPUModelRunner, req_id: str) -> bool:
         ok = self._eligible.get(req_id)
         if ok is None:
-            reason = ineligible_reason(sampling_params)
-            ok = reason is None
-            self._eligible[req_id] = ok
+            req_state = runner.requests.get(req_id)
+            if req_state is None:
+                return False
+            reason = ineligible_reason(req_state.sampling_params)
+            ok = self._eligible[req_id] = reason is None
             if not ok:
                 self.stats.fallback_requests += 1
                 if reason not in self._said:
@@ -125,49 +99,64 @@ class LookaheadEngine:
         return ok
 
     # -- step ----------------------------------------------------------------------------------------------
-    def begin_step(self, runner: Any, scheduler_output: Any) -> None:
-        """Plan this step's trees and write their positions (after `_prepare_inputs`)."""
+    def begin_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
+        """Match vLLM's scheduled drafts to the proposed trees and write the tree tokens' positions."""
         self.stats.steps += 1
-        self.plan = []
-        # Trees live for one step: if vLLM skips proposing (it pads drafts itself near max_model_len), none of
-        # last step's trees may be matched again.
-        trees, self.trees = self.trees, {}
+        step, self.pending = self.pending or LookaheadStep(proposed={}), None
+        self.step = step
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not spec:
             return
         batch = runner.input_batch
         qsl = runner.query_start_loc.np
         computed = batch.num_computed_tokens_cpu
+        block_table = batch.block_table[0].get_cpu_tensor()
         positions = runner.positions
         for req_id, drafts in spec.items():
             if not drafts:
                 continue
             idx = batch.req_id_to_index[req_id]
-            q_start = int(qsl[idx])
-            x0 = int(batch.token_ids_cpu[idx, computed[idx]])
-            tree = trees.get(req_id)
+            prefix_len = int(computed[idx])
+            x0 = int(batch.token_ids_cpu[idx, prefix_len])
+            tree = step.proposed.get(req_id)
             k = len(drafts)
             if tree is not None and tree.tokens[0] == x0 and tree.tokens[1 : k + 1] == list(drafts):
-                tree = tree.truncate(k + 1)
+                tree = tree.truncate(k + 1)  # the scheduler may schedule a prefix of the drafts
             elif self._plain_greedy(runner, req_id):
-                # Drafts this engine did not make (vLLM pads every request with zeros near max_model_len, or
-                # placeholders): verify them as a chain, which the stock attention computes as it is. vLLM's own
-                # verification of that zero padding was seen to return wrong tokens, so greedy requests,
-                # opted-out ones included, are checked here against the target's argmax.
-                tree = _chain_tree(x0, list(drafts))
+                # Drafts this engine did not make (vLLM pads every request with zeros near max_model_len): verify
+                # them as a chain, which the stock attention computes as it is. vLLM's own verification of that
+                # padding was seen to return wrong tokens, so greedy requests (opted-out ones too) are checked here.
+                tree = StepTree.chain([x0, *drafts])
             else:
                 continue  # sampling etc.: vLLM's verification stands
-            mask = None
-            if not _is_chain(tree):
-                mask = ancestor_mask_tensor(tree)
-                depths = torch.tensor(tree.depths, dtype=positions.dtype)
-                positions[q_start : q_start + tree.num_nodes] = depths + int(computed[idx])
-            self.plan.append(TreeEntry(req_id, idx, q_start, tree, mask))
+            q_start = int(qsl[idx])
+            step.scheduled.append(ScheduledTree(req_id, idx, q_start, prefix_len, tree))
+            if not tree.is_chain:
+                n = tree.num_nodes
+                positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype) + prefix_len
+                step.attention_rows.append(
+                    TreeRows(q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
+                )
 
-    def finish_step(self, runner: Any, logits: torch.Tensor, spec_md: Any, sampler_output: Any) -> None:
-        """Verify every planned tree, fix the sampler output and the KV cache, advance windows and pools."""
-        plan, self.plan = self.plan, []
-        if not plan or spec_md is None:
+    @staticmethod
+    def _plain_greedy(runner: GPUModelRunner, req_id: str) -> bool:
+        req_state = runner.requests.get(req_id)
+        return req_state is not None and ineligible_reason(req_state.sampling_params, honour_opt_out=False) is None
+
+    def forward_scope(self) -> AbstractContextManager[None]:
+        """The attention path sees this step's trees while the forward pass runs, and only then."""
+        return forward_scope(self.step)
+
+    def finish_step(
+        self,
+        runner: GPUModelRunner,
+        logits: torch.Tensor,
+        spec_md: SpecDecodeMetadata | None,
+        sampler_output: SamplerOutput,
+    ) -> None:
+        """Verify every scheduled tree, fix the sampler output and the KV cache, advance windows and pools."""
+        step, self.step = self.step, None
+        if step is None or not step.scheduled or spec_md is None:
             return
         from vllm.v1.sample.sampler import Sampler
 
@@ -177,64 +166,55 @@ class LookaheadEngine:
         slot_mapping = runner.input_batch.block_table[0].slot_mapping.cpu
         moves_src: list[int] = []
         moves_dst: list[int] = []
-        for e in plan:
-            n = e.tree.num_nodes
-            row0 = cu_draft[e.req_index] - num_draft[e.req_index] + e.req_index
-            rows = logits[row0 : row0 + n].to(torch.float32)
-            argmax = Sampler.greedy_sample(rows).tolist()
-            accepted, tokens = greedy_verify(e.tree, argmax)
-            out[e.req_index].fill_(-1)
-            out[e.req_index, : len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+        for s in step.scheduled:
+            n = s.tree.num_nodes
+            row0 = cu_draft[s.req_index] - num_draft[s.req_index] + s.req_index  # logits: drafts + bonus per request
+            argmax = Sampler.greedy_sample(logits[row0 : row0 + n].to(torch.float32)).tolist()
+            accepted, tokens = greedy_verify(s.tree, argmax)
+            out[s.req_index].fill_(-1)
+            out[s.req_index, : len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
             for d, u in enumerate(accepted, start=1):
-                if u != d:  # node u sits at slot of position P+u; vLLM expects depth d at P+d
-                    moves_src.append(int(slot_mapping[e.q_start + u]))
-                    moves_dst.append(int(slot_mapping[e.q_start + d]))
-            state = self.states.get(e.req_id)
+                if u != d:  # node u sits at the slot of position P+u; vLLM expects depth d at P+d
+                    moves_src.append(int(slot_mapping[s.q_start + u]))
+                    moves_dst.append(int(slot_mapping[s.q_start + d]))
+            state = self.states.get(s.req_id)
             if state is not None:
-                state.update(e.tree, argmax, tokens)
+                state.update(s.tree, argmax, tokens)
             self.stats.tree_steps += 1
             self.stats.accepted += len(tokens) - 1
         if moves_src:
-            from vllm_lookahead.kv_relocation import move_kv_slots
+            kv_relocation.move_kv_slots(kv_relocation.attention_layers(runner), moves_src, moves_dst)
 
-            move_kv_slots(runner, moves_src, moves_dst)
-
-    def propose(self, runner: Any, sampled_token_ids: list[list[int]]) -> list[list[int]]:
+    def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's nodes after the root x0."""
         batch = runner.input_batch
         active: list[tuple[int, str, list[int]]] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            req_state = runner.requests.get(req_id)
-            if sampled and req_state is not None and self._check_eligible(req_id, req_state.sampling_params):
+            if sampled and self._check_eligible(runner, req_id):
                 active.append((i, req_id, sampled))
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
-        if not active:
-            return drafts
-        # Share the step's token budget (x0s included). Below two nodes a request gets no drafts: large batches,
-        # where the target pass is compute-bound, decode plainly instead of paying for guesses.
-        per_request = nodes_per_request(self.params.step_token_budget, len(active), self.max_nodes)
-        if per_request < 2:
-            return drafts
+        step = self.pending = LookaheadStep(proposed={})
         for i, req_id, sampled in active:
             num_tokens = int(batch.num_tokens_no_spec[i])
-            room = self.max_model_len - num_tokens  # positions left for drafts after x0
-            if room <= 0:
+            cap = nodes_per_request(self.params.step_token_budget, len(active), self.max_model_len - num_tokens)
+            if cap < 2:
+                # Under two nodes there is nothing to draft: large batches, where the target pass is compute-bound,
+                # decode plainly instead of paying for guesses (and so does a request at max_model_len).
                 continue
             state = self.states.get(req_id)
             if state is None:
                 prompt = batch.token_ids_cpu[i, : int(batch.num_prompt_tokens[i])].tolist()
                 state = self.states[req_id] = LookaheadState(self.params, prompt)
             state.catch_up(num_tokens, lambda a, b, i=i: batch.token_ids_cpu[i, a:b].tolist())
-            tree = state.build_tree(int(sampled[-1]), max_nodes=min(per_request, room + 1))
-            self.trees[req_id] = tree
+            tree = state.build_tree(int(sampled[-1]), max_nodes=cap)
+            step.proposed[req_id] = tree
             drafts[i] = tree.tokens[1:]
         return drafts
 
 
-def worker_stats(worker: Any) -> dict[str, int] | None:
-    """For `LLM.collective_rpc(worker_stats)`: this worker's lookahead counters (None without lookahead)."""
-    engine = getattr(worker.model_runner, "_lookahead", None)
+def worker_stats(engine: LookaheadEngine | None) -> dict[str, int] | None:
+    """A worker's lookahead counters (None without lookahead), for `LLM.collective_rpc("lookahead_stats")`."""
     if engine is None:
         return None
     s = engine.stats

@@ -8,14 +8,20 @@ written, so overlapping moves (node 2 -> slot 1 while node 3 -> slot 2) are safe
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead.tree_attention import read_slots
+from vllm_lookahead import cpu_kv_cache
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
-def _attention_layers(runner: Any) -> list[Any]:
+def attention_layers(runner: GPUModelRunner) -> list[Attention]:
+    """The runner's attention layers (those that own a KV cache), found once."""
     layers = getattr(runner, "_lookahead_attn_layers", None)
     if layers is None:
         ctx = runner.compilation_config.static_forward_context
@@ -24,42 +30,16 @@ def _attention_layers(runner: Any) -> list[Any]:
     return layers
 
 
-def move_kv_slots(runner: Any, src: list[int], dst: list[int]) -> None:
-    """For every attention layer, copy the KV at global cache slots `src` to slots `dst` (pairwise, in order)."""
-    import vllm._custom_ops as ops
-
+def move_kv_slots(layers: Sequence[Attention], src: Sequence[int], dst: Sequence[int]) -> None:
+    """For every layer, copy the KV at global cache slots `src` to slots `dst` (pairwise)."""
     src_t = torch.tensor(src, dtype=torch.long)
     dst_t = torch.tensor(dst, dtype=torch.long)
-    for layer in _attention_layers(runner):
+    for layer in layers:
         kv_cache = layer.kv_cache
         if kv_cache is None or kv_cache.numel() == 0:
             continue
-        num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
-        key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
-        # Global slots read through a flat "block table" 0..num_blocks-1.
-        k, v = read_slots(key_cache, value_cache, _ALL_BLOCKS.get(num_blocks), src_t.tolist())
-        ops.cpu_attn_reshape_and_cache(
-            k,
-            v,
-            key_cache,
-            value_cache,
-            dst_t,
-            layer.isa,
-            k_scale=layer._k_scale_float,
-            v_scale=layer._v_scale_float,
-            kv_cache_dtype=layer.impl.kv_cache_dtype,
-        )
-
-
-class _Arange:
-    def __init__(self) -> None:
-        self._cache: dict[int, torch.Tensor] = {}
-
-    def get(self, n: int) -> torch.Tensor:
-        t = self._cache.get(n)
-        if t is None:
-            t = self._cache[n] = torch.arange(n, dtype=torch.int32)
-        return t
-
-
-_ALL_BLOCKS = _Arange()
+        key_cache, value_cache = cpu_kv_cache.split(kv_cache)
+        # Global slots, read through the identity "block table" 0..num_blocks-1.
+        identity = torch.arange(kv_cache.shape[0])
+        k, v = cpu_kv_cache.read_slots(key_cache, value_cache, identity, src_t)
+        cpu_kv_cache.layer_writer(layer)(k, v, key_cache, value_cache, dst_t)

@@ -54,6 +54,6 @@ def register() -> None:
             SUPPORTED_VLLM_VERSION,
         )
         return
-    import patches
+    from vllm_lookahead import patches
 
     patches.apply_all()

@@ -33,12 +33,6 @@ class NGramPool:
     def __len__(self) -> int:
         return len(self._table)
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._table
-
-    def num_values(self) -> int:
-        return sum(len(v) for v in self._table.values())
-
     def keys(self) -> list[int]:
         """Keys, least recently updated first."""
         return list(self._table)
@@ -84,6 +78,3 @@ class NGramPool:
         if not values:
             return []
         return list(reversed(values))
-
-    def clear(self) -> None:
-        self._table.clear()

@@ -12,24 +12,17 @@ from typing import Any
 
 import torch
 
-from vllm_lookahead.config import (
-    DEFAULT_GUESS_SET_SIZE,
-    DEFAULT_LOOKUP_CANDIDATES,
-    DEFAULT_LOOKUP_LEN,
-    DEFAULT_NGRAM_SIZE,
-    DEFAULT_WINDOW_SIZE,
-    LookaheadParams,
-)
+from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.state import LookaheadState
-from vllm_lookahead.tree_attention import ancestor_mask_tensor
+from vllm_lookahead.tree import StepTree
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
 
-def _tree_mask(tree, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
+def _tree_mask(tree: StepTree, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive [1, 1, n, prefix_len + n] mask: every node sees the prefix, itself and its ancestors."""
     n = tree.num_nodes
     allowed = torch.ones(n, prefix_len + n, dtype=torch.bool)
-    allowed[:, prefix_len:] = ancestor_mask_tensor(tree)
+    allowed[:, prefix_len:] = tree.ancestor_mask()
     mask = torch.zeros(n, prefix_len + n, dtype=dtype)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
@@ -51,37 +44,23 @@ def lookahead_generate(
     model: Any,
     input_ids: torch.Tensor | Sequence[int],
     max_new_tokens: int,
-    window_size: int = DEFAULT_WINDOW_SIZE,
-    ngram_size: int = DEFAULT_NGRAM_SIZE,
-    guess_set_size: int = DEFAULT_GUESS_SET_SIZE,
-    pool_from_prompt: bool = True,
-    pool_from_output: bool = True,
-    lookup_candidates: int = DEFAULT_LOOKUP_CANDIDATES,
-    lookup_len: int = DEFAULT_LOOKUP_LEN,
-    seed: int = 0,
+    params: LookaheadParams | None = None,
+    *,
     eos_token_id: int | Sequence[int] | None = None,
     do_sample: bool = False,
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     max_nodes: int | None = None,
 ) -> tuple[list[int], dict[str, Any]]:
-    """Generate up to `max_new_tokens` tokens after `input_ids` with lookahead decoding.
+    """Generate up to `max_new_tokens` tokens after `input_ids` with lookahead decoding (`params`, default
+    `LookaheadParams()`; `step_token_budget` does not apply to one sequence, `max_nodes` caps each tree).
 
     Returns (new_token_ids, stats); stats["steps"] counts target forward passes (the prefill included), so
     stats["compression"] = tokens / steps. Greedy output equals `model.generate(do_sample=False)`.
     """
     from transformers import DynamicCache
 
-    params = LookaheadParams(
-        window_size=window_size,
-        ngram_size=ngram_size,
-        guess_set_size=guess_set_size,
-        pool_from_prompt=pool_from_prompt,
-        pool_from_output=pool_from_output,
-        lookup_candidates=lookup_candidates,
-        lookup_len=lookup_len,
-        seed=seed,
-    )
+    params = LookaheadParams() if params is None else params
     if max_new_tokens < 1:
         raise ValueError(f"lookahead: max_new_tokens must be >= 1 (got {max_new_tokens})")
     prompt = input_ids.reshape(-1).tolist() if isinstance(input_ids, torch.Tensor) else list(input_ids)
@@ -91,7 +70,7 @@ def lookahead_generate(
     device = model.device
     dtype = next(model.parameters()).dtype
     if do_sample and generator is None:
-        generator = torch.Generator(device="cpu").manual_seed(seed)
+        generator = torch.Generator(device="cpu").manual_seed(params.lookahead_seed)
 
     def pick(logits: torch.Tensor) -> int:
         if not do_sample:

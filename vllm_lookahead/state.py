@@ -2,7 +2,7 @@
 
 Step protocol (glue and reference decoder):
     tree = state.build_tree(x0)                        # x0: last accepted token, KV not yet computed
-    ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestors_mask()
+    ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestor_mask()
     accepted_nodes, tokens = greedy_verify(tree, argmax)  # or sample_verify(tree, probs, generator)
     state.update(tree, argmax, tokens)  # argmax of the target at every node, even when sampling
     x0 = tokens[-1]  # == state.x0
@@ -30,7 +30,7 @@ class LookaheadState:
         if params.pool_from_prompt:
             self.pool.seed_from_tokens(prompt_token_ids)
         # A fresh seeded RNG per sequence: the same request always starts from the same window.
-        rng = random.Random(params.seed)
+        rng = random.Random(params.lookahead_seed)
         self.window = JacobiWindow.from_tokens(params.window_size, params.ngram_size, prompt_token_ids, rng)
         self.x0: int | None = None
         # The last N-1 tokens of the sequence, to form the n-grams that new output tokens complete.
@@ -43,7 +43,7 @@ class LookaheadState:
 
     def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
         """This step's tree: root x0, prompt-lookup candidates, the pool's candidates for x0 (most recent first),
-        then the window."""
+        then the window; at most max_nodes nodes (default and ceiling: params.max_tree_nodes)."""
         if self.lookup is not None and len(self.lookup.tokens) == self.prompt_len:
             self.lookup.extend([x0])  # the first new token (later ones arrive through update/catch_up)
         self.x0 = x0
@@ -51,7 +51,8 @@ class LookaheadState:
         candidates = self.pool.get(x0)
         if self.lookup is not None:
             candidates = self.lookup.candidates(self.params.lookup_candidates, self.params.lookup_len) + candidates
-        return build_step_tree(x0, self.window, candidates, merge=self.merge, max_nodes=max_nodes)
+        cap = self.params.max_tree_nodes if max_nodes is None else min(max_nodes, self.params.max_tree_nodes)
+        return build_step_tree(x0, self.window, candidates, merge=self.merge, max_nodes=cap)
 
     def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
         """Advance the window one position, feed its n-grams to the pool, and set x0 to the last new token.
@@ -63,12 +64,10 @@ class LookaheadState:
         if not accepted_tokens:
             raise ValueError("lookahead: a step always yields at least one token")
         window = self.window
-        get = tree.window_node.get
-        last = window.fill
-        outputs: list[int | None] = []
-        for i in range(window.num_cols):
-            u = get((last, i))
-            outputs.append(None if u is None else int(argmax_per_node[u]))
+        outputs = [
+            None if u is None else int(argmax_per_node[u])
+            for u in tree.window_output_nodes(window.fill, window.num_cols)
+        ]
         x0_new = int(accepted_tokens[-1])
         self.pool.add_many(window.step(x0_new, outputs))
         if self.params.pool_from_output:

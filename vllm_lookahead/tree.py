@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import torch
+
 if TYPE_CHECKING:
     from vllm_lookahead.window import JacobiWindow
 
@@ -18,22 +20,10 @@ def window_slots_max(window_size: int, ngram_size: int) -> int:
     """Most window slots at any fill level: rows (k+1) times columns W + N-2-k, maximised over k = 0..N-2.
 
     Equals W * (N-1) (the steady-state size) whenever W >= N-2; smaller W makes warm-up windows bigger.
+    The tree-size bound built on it is `LookaheadParams.max_tree_nodes`.
     """
     w, n = window_size, ngram_size
     return max((k + 1) * (w + n - 2 - k) for k in range(n - 1))
-
-
-def steady_tree_size(window_size: int, ngram_size: int, guess_set_size: int) -> int:
-    """Unmerged steady-state tree: root + window slots except (0, 0) + G candidates of N-1 tokens."""
-    return 1 + (window_size * (ngram_size - 1) - 1) + guess_set_size * (ngram_size - 1)
-
-
-def max_tree_size(window_size: int, ngram_size: int, guess_set_size: int) -> int:
-    """Upper bound on nodes of any step's tree (unmerged, warm-up included), for sizing buffers.
-
-    Same as steady_tree_size() = 1 + (W*(N-1) - 1) + G*(N-1) when W >= N-2.
-    """
-    return window_slots_max(window_size, ngram_size) + guess_set_size * (ngram_size - 1)
 
 
 @dataclass
@@ -78,25 +68,30 @@ class StepTree:
         out.reverse()
         return out
 
-    def ancestor_bits(self) -> list[int]:
-        """Compact mask: bit v of entry u is set iff v is u or an ancestor of u."""
-        bits = [1]
-        parents = self.parents
-        for u in range(1, len(parents)):
-            bits.append(bits[parents[u]] | (1 << u))
-        return bits
+    @property
+    def is_chain(self) -> bool:
+        """Every node is the previous node's child: causal attention over the nodes is already the tree mask."""
+        return all(p == u - 1 for u, p in enumerate(self.parents))
 
-    def ancestors_mask(self) -> list[list[bool]]:
-        """mask[u][v]: node u may attend to node v (v is u or an ancestor of u)."""
-        n = len(self.tokens)
-        mask = [[False] * n for _ in range(n)]
-        parents = self.parents
-        mask[0][0] = True
-        for u in range(1, n):
-            # parents come first, so the parent's row is final: copy it and add self.
-            row = mask[parents[u]].copy()
-            row[u] = True
-            mask[u] = row
+    @classmethod
+    def chain(cls, tokens: Sequence[int]) -> StepTree:
+        """A linear tree: tokens[0] is the root, each next token the previous one's child."""
+        n = len(tokens)
+        return cls(tokens=list(tokens), parents=list(range(-1, n - 1)), depths=list(range(n)))
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[n, n] bool: mask[u, v] iff v is u or an ancestor of u (node u attends node v)."""
+        n = len(self.parents)
+        parents = torch.tensor(self.parents, dtype=torch.long)
+        mask = torch.eye(n, dtype=torch.bool)
+        rows = torch.arange(n)
+        cur = parents.clone()
+        live = cur >= 0
+        while bool(live.any()):  # one pass per tree level
+            r, c = rows[live], cur[live]
+            mask[r, c] = True
+            cur[live] = parents[c]
+            live = cur >= 0
         return mask
 
     def window_output_nodes(self, last_row: int, num_cols: int) -> list[int | None]:

@@ -59,30 +59,16 @@ class JacobiWindow:
         return self._fill
 
     @property
-    def is_steady(self) -> bool:
-        return self._fill == self.ngram_size - 2
-
-    @property
-    def num_rows(self) -> int:
-        return self._fill + 1
-
-    @property
     def num_cols(self) -> int:
         return len(self._rows[0])
-
-    @property
-    def x0(self) -> int:
-        return self._rows[0][0]
 
     def set_x0(self, x0: int) -> None:
         """Slot (0, 0) is the tree root; set the real x0 before the step so column 0's n-gram is right."""
         self._rows[0][0] = x0
 
-    def num_slots(self) -> int:
-        return len(self._rows) * len(self._rows[0])
-
     def slots(self) -> list[tuple[int, int, int]]:
-        """All (row, col, token), (0, 0) included, column-major.
+        """All (row, col, token), (0, 0) included, column-major (for inspection and tests; build_step_tree walks
+        the rows itself).
 
         Column-major is parents-before-children (parent of (r, i) is (r-1, i), or (0, i-1) for row 0), and a
         prefix of it keeps whole leading columns: exactly the slots whose outputs give complete n-grams.

@@ -1,19 +1,19 @@
 """Model runner: drive lookahead from vLLM's own step (GPUModelRunner, which CPUModelRunner inherits).
 
-- `__init__`: a lookahead config builds the runner as for a `custom_class` drafter (our LookaheadDrafter, so
-  vLLM keeps its own rejection sampler and list-based draft flow) and attaches a LookaheadEngine.
-- `_update_states`: per-request state is dropped when a request finishes or is preempted, and rebuilt on
-  its next decode step.
-- `_prepare_inputs`: after vLLM computed positions and slot mapping, tree tokens get positions pos(x0)+depth.
-- `_sample`: tree verification replaces the linear-chain result for lookahead requests; KV is relocated.
-- `propose_draft_token_ids`: the next trees become the drafts.
-Every wrapper is a pass-through when the runner has no LookaheadEngine.
+Each replacement is a pass-through when the runner has no LookaheadEngine, and otherwise calls one engine method
+(engine.py says what each does):
+- `__init__`: a lookahead config builds the runner as for a `custom_class` drafter (our LookaheadDrafter, so vLLM
+  keeps its list-based draft flow and rejection sampler), then attaches a LookaheadEngine;
+- `_update_states` -> `drop_requests`; `_prepare_inputs` -> `begin_step`; `_model_forward` -> `forward_scope`;
+  `_sample` -> `finish_step`; `propose_draft_token_ids` -> `propose`;
+- `WorkerBase.lookahead_stats` (added): `LLM.collective_rpc("lookahead_stats")` reads the counters.
 """
 
 from __future__ import annotations
 
-from patches import Patch
-from patches.speculative_config import METHOD, lookahead_params
+from vllm_lookahead.engine import LookaheadEngine, worker_stats
+from vllm_lookahead.patches.base import Patch
+from vllm_lookahead.patches.speculative_config import METHOD, lookahead_params
 
 DRAFTER_CLASS = "vllm_lookahead.drafter.LookaheadDrafter"
 
@@ -29,17 +29,13 @@ def _init(original):
         sc = vllm_config.speculative_config
         if sc is None or sc.method != METHOD:
             return original(self, vllm_config, *args, **kwargs)
-        from vllm_lookahead.engine import LookaheadEngine
-
         # The runner knows no "lookahead" method: let it build a custom-class drafter, then say lookahead again.
         sc.method, sc.model = "custom_class", DRAFTER_CLASS
         try:
             original(self, vllm_config, *args, **kwargs)
         finally:
             sc.method, sc.model = METHOD, METHOD
-        self._lookahead = LookaheadEngine(
-            lookahead_params(sc), sc.num_speculative_tokens, vllm_config.model_config.max_model_len
-        )
+        self._lookahead = LookaheadEngine(lookahead_params(sc), vllm_config.model_config.max_model_len)
 
     return __init__
 
@@ -48,13 +44,7 @@ def _update_states(original):
     def _update_states(self, scheduler_output):
         engine = getattr(self, "_lookahead", None)
         if engine is not None:
-            for req_id in scheduler_output.finished_req_ids:
-                engine.drop(req_id)
-            for req_id in scheduler_output.preempted_req_ids or ():
-                engine.drop(req_id)
-                engine.stats.preemptions += 1
-            for req_id in scheduler_output.scheduled_cached_reqs.resumed_req_ids:
-                engine.drop(req_id)
+            engine.drop_requests(scheduler_output)
         return original(self, scheduler_output)
 
     return _update_states
@@ -65,13 +55,21 @@ def _prepare_inputs(original):
         result = original(self, scheduler_output, *args, **kwargs)
         engine = getattr(self, "_lookahead", None)
         if engine is not None:
-            from vllm_lookahead import step_context
-
             engine.begin_step(self, scheduler_output)
-            step_context.active = engine
         return result
 
     return _prepare_inputs
+
+
+def _model_forward(original):
+    def _model_forward(self, *args, **kwargs):
+        engine = getattr(self, "_lookahead", None)
+        if engine is None:
+            return original(self, *args, **kwargs)
+        with engine.forward_scope():
+            return original(self, *args, **kwargs)
+
+    return _model_forward
 
 
 def _sample(original):
@@ -79,9 +77,6 @@ def _sample(original):
         sampler_output = original(self, logits, spec_decode_metadata)
         engine = getattr(self, "_lookahead", None)
         if engine is not None:
-            from vllm_lookahead import step_context
-
-            step_context.active = None
             engine.finish_step(self, logits, spec_decode_metadata, sampler_output)
         return sampler_output
 
@@ -105,11 +100,8 @@ def _worker_owner():
 
 
 def _worker_stats(_missing):
-    # `LLM.collective_rpc("lookahead_stats")` reads the counters without pickling a function.
     def lookahead_stats(self):
-        from vllm_lookahead.engine import worker_stats
-
-        return worker_stats(self)
+        return worker_stats(getattr(self.model_runner, "_lookahead", None))
 
     return lookahead_stats
 
@@ -119,6 +111,7 @@ PATCHES = [
     Patch("runner.__init__", _owner, "__init__", _init),
     Patch("runner._update_states", _owner, "_update_states", _update_states),
     Patch("runner._prepare_inputs", _owner, "_prepare_inputs", _prepare_inputs),
+    Patch("runner._model_forward", _owner, "_model_forward", _model_forward),
     Patch("runner._sample", _owner, "_sample", _sample),
     Patch("runner.propose_draft_token_ids", _owner, "propose_draft_token_ids", _propose),
 ]

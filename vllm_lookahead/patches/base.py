@@ -1,14 +1,9 @@
-"""Everything that changes vLLM's behaviour, as small named patches applied by the plugin at load.
-
-Each patch replaces one attribute of one vLLM object and keeps the original (`original(name)`), so that
-the replacement can delegate to it and `revert_all()` can restore vLLM exactly. The patches are written
-against one vLLM release (`vllm_lookahead.SUPPORTED_VLLM_VERSION`) and are only applied on that release.
-Every replacement is a pass-through unless the engine was started with `method: "lookahead"`.
-"""
+"""A patch replaces one attribute of one vLLM object and keeps the original, so that the replacement can delegate
+to it and `revert` can restore vLLM exactly."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +14,7 @@ class Patch:
     owner: Callable[[], Any]  # returns the object whose attribute is replaced (imported lazily)
     attr: str
     make: Callable[[Any], Any]  # original -> replacement
-    after: Callable[[Any], None] | None = None  # called with the owner once the attribute is set
+    after: Callable[[Any], None] | None = None  # called with the owner once the attribute is set or restored
 
 
 _MISSING = object()  # the attribute did not exist before the patch (the patch adds it)
@@ -35,22 +30,13 @@ def applied() -> list[str]:
     return list(_originals)
 
 
-def all_patches() -> list[Patch]:
-    from patches import attention, cli, model_runner, speculative_config
-
-    return [*speculative_config.PATCHES, *cli.PATCHES, *model_runner.PATCHES, *attention.PATCHES]
-
-
-def apply_all() -> None:
-    """Apply every patch once; later calls (every vLLM process calls the plugin) do nothing."""
-    for p in all_patches():
+def apply(patches: Sequence[Patch]) -> None:
+    """Apply each patch once; applying an applied patch does nothing (every vLLM process calls the plugin)."""
+    for p in patches:
         if p.name in _originals:
             continue
         owner = p.owner()
-        if isinstance(owner, type):
-            orig = owner.__dict__.get(p.attr, _MISSING)
-        else:
-            orig = getattr(owner, p.attr, _MISSING)
+        orig = owner.__dict__.get(p.attr, _MISSING) if isinstance(owner, type) else getattr(owner, p.attr, _MISSING)
         _originals[p.name] = (owner, p.attr, orig)
         new = p.make(orig)
         if orig is not _MISSING:
@@ -63,9 +49,9 @@ def apply_all() -> None:
             p.after(owner)
 
 
-def revert_all() -> None:
-    """Put every original back (tests use this to show the plugin is inert)."""
-    for p in reversed(all_patches()):
+def revert(patches: Sequence[Patch]) -> None:
+    """Put every original back, last patch first."""
+    for p in reversed(patches):
         entry = _originals.pop(p.name, None)
         if entry is None:
             continue

@@ -11,25 +11,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, Optional
 
-from patches import Patch
+from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.patches.base import Patch
 
 METHOD = "lookahead"
-# speculative_config key -> LookaheadParams field
-KEYS = {
-    "window_size": "window_size",
-    "ngram_size": "ngram_size",
-    "guess_set_size": "guess_set_size",
-    "pool_from_prompt": "pool_from_prompt",
-    "pool_from_output": "pool_from_output",
-    "lookup_candidates": "lookup_candidates",
-    "lookup_len": "lookup_len",
-    "step_token_budget": "step_token_budget",
-    "lookahead_seed": "seed",
-}
+# The speculative_config keys are LookaheadParams' fields, nothing else.
+KEYS = LookaheadParams.keys()
 _KEY_TYPES: dict[str, Any] = {k: Optional[Any] for k in KEYS}  # noqa: UP045 - pydantic needs a runtime type
 SHORTHANDS = ("lookahead", "[lookahead]")
-# vLLM's rejection sampler handles at most this many drafts per request and step.
-MAX_SPEC_LEN = 128
 
 
 def _owner():
@@ -38,12 +27,9 @@ def _owner():
     return SpeculativeConfig
 
 
-def lookahead_params(cfg: Any):
-    """The validated LookaheadParams of a (patched) SpeculativeConfig."""
-    from vllm_lookahead.config import LookaheadParams
-
-    given = {KEYS[k]: getattr(cfg, k) for k in KEYS if getattr(cfg, k, None) is not None}
-    return LookaheadParams(**given)
+def lookahead_params(cfg: Any) -> LookaheadParams:
+    """The validated LookaheadParams of a (patched) SpeculativeConfig; a key left unset or null takes its default."""
+    return LookaheadParams.from_mapping({k: getattr(cfg, k, None) for k in KEYS})
 
 
 def _post_init(original):
@@ -58,10 +44,8 @@ def _post_init(original):
                     f"(method is {self.method!r})"
                 )
             return original(self)
-        from vllm_lookahead.plugin import check_vllm_version
-
-        check_vllm_version()
         from vllm.platforms import current_platform
+        from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
 
         if not current_platform.is_cpu():
             raise ValueError(
@@ -69,25 +53,23 @@ def _post_init(original):
                 f"this is {current_platform.device_name or 'another platform'}"
             )
         params = lookahead_params(self)  # ValueError naming the field and its range
-        needed = params.tree_size - 1  # every node but the root x0 is a draft token
+        needed = params.max_tree_nodes - 1  # every node but the root x0 is a draft token
+        shape = (
+            f"window_size={params.window_size}, ngram_size={params.ngram_size}, "
+            f"guess_set_size={params.guess_set_size}, lookup_candidates={params.lookup_candidates}, "
+            f"lookup_len={params.lookup_len}"
+        )
         if needed > MAX_SPEC_LEN:
             raise ValueError(
-                f"lookahead: the step tree of window_size={params.window_size}, ngram_size={params.ngram_size}, "
-                f"guess_set_size={params.guess_set_size} has {needed} draft tokens, more than vLLM's limit of "
-                f"{MAX_SPEC_LEN} per step; lower window_size, ngram_size or guess_set_size"
+                f"lookahead: the step tree of {shape} has {needed} draft tokens, more than vLLM's limit of "
+                f"{MAX_SPEC_LEN} per step; lower some of them"
             )
         if self.num_speculative_tokens is None:
             self.num_speculative_tokens = needed
-        elif self.num_speculative_tokens < needed:
+        elif not needed <= self.num_speculative_tokens <= MAX_SPEC_LEN:
             raise ValueError(
-                f"lookahead: num_speculative_tokens={self.num_speculative_tokens} is too small for the step tree "
-                f"({needed} draft tokens for window_size={params.window_size}, ngram_size={params.ngram_size}, "
-                f"guess_set_size={params.guess_set_size}); leave it unset or give at least {needed}"
-            )
-        elif self.num_speculative_tokens > MAX_SPEC_LEN:
-            raise ValueError(
-                f"lookahead: num_speculative_tokens must be in [{needed}, {MAX_SPEC_LEN}] "
-                f"(got {self.num_speculative_tokens})"
+                f"lookahead: num_speculative_tokens must be in [{needed}, {MAX_SPEC_LEN}] for the step tree of "
+                f"{shape} (got {self.num_speculative_tokens}); leave it unset to derive it"
             )
         self.model = METHOD
         self.prompt_lookup_max = 0

@@ -6,7 +6,7 @@ spelling of `--spec-model`, whose value `[lookahead]` selects the method (patche
 
 from __future__ import annotations
 
-from patches import Patch
+from vllm_lookahead.patches.base import Patch
 
 
 def _owner():

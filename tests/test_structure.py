@@ -1,0 +1,145 @@
+"""The code's shape: imports flow one way (core <- glue <- patches <- plugin), and the README says what the code does
+(its key table is LookaheadParams, its layout table names files that exist)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from pathlib import Path
+
+from vllm_lookahead.config import LookaheadParams
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "vllm_lookahead"
+CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup"}
+GLUE = {"cpu_kv_cache", "tree_attention", "kv_relocation", "step", "engine", "eligibility", "drafter"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> tuple[set[str], set[str]]:
+    """(package modules imported anywhere in the file, top-level names of outside packages imported)."""
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+        for name in names:
+            if name.split(".")[0] != "vllm_lookahead":
+                outside.add(name.split(".")[0])
+                continue
+            # the longest prefix that is one of our modules
+            parts = name.split(".")
+            for k in range(len(parts), 0, -1):
+                cand = ".".join(parts[:k])
+                if cand in modules:
+                    inside.add(cand)
+                    break
+    return inside, outside
+
+
+def _graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    modules = _modules()
+    edges: dict[str, set[str]] = {}
+    outside: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        inside, out = _imports(path, modules)
+        edges[name] = inside - {name}
+        outside[name] = out
+    return edges, outside
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("vllm_lookahead.")
+
+
+def test_import_graph_is_acyclic():
+    edges, _ = _graph()
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(u: str, stack: list[str]) -> bool:
+        state[u] = 1
+        for v in sorted(edges[u]):
+            if state.get(v) == 1:
+                cycle.extend([*stack[stack.index(v) :], v] if v in stack else [u, v])
+                return True
+            if v not in state and visit(v, [*stack, v]):
+                return True
+        state[u] = 2
+        return False
+
+    for u in sorted(edges):
+        if u not in state and visit(u, [u]):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_layers_import_downwards_only():
+    edges, outside = _graph()
+    for name, deps in edges.items():
+        me = _short(name)
+        short = {_short(d) for d in deps}
+        if me in CORE or me == "reference":
+            assert short <= CORE, f"{me} imports {short - CORE}: the core (and the reference decoder) import no glue"
+            assert "vllm" not in outside[name], f"{me} imports vllm"
+        if me in GLUE:
+            assert not {s for s in short if s.startswith("patches") or s == "plugin"}, f"{me} imports {short}"
+        if me.startswith("patches"):
+            assert "plugin" not in short, f"{me} imports the plugin"
+
+
+def test_no_top_level_patches_package_is_shipped():
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find["include"] == ["vllm_lookahead*"]
+    assert not (ROOT / "patches").exists()
+
+
+def _readme_table(heading: str) -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading) :]
+    rows = []
+    for line in section.splitlines()[1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|") and not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows[1:]  # without the header row
+
+
+def test_readme_key_table_is_lookahead_params():
+    rows = _readme_table("### Keys of `speculative_config`")
+    table = {re.sub(r"`|\s*\(.*\)", "", r[0]): r for r in rows}
+    assert "method" not in table
+    assert list(table)[: len(LookaheadParams.keys())] == list(LookaheadParams.keys())
+    for f in dataclasses.fields(LookaheadParams):
+        _, default, rng = table[f.name][:3]
+        assert default == str(f.default).lower(), f.name
+        lo_hi = f.metadata["range"]
+        assert rng == ("bool" if lo_hi is None else f"{lo_hi[0]}..{lo_hi[1]}"), f.name
+
+
+def test_readme_layout_names_files_that_exist():
+    rows = _readme_table("## Layout")
+    named = set()
+    for first, *_ in rows:
+        for path in re.findall(r"`([^`]+)`", first):
+            named.add(path)
+            assert (ROOT / path).exists() or (PKG / path).exists(), path
+    # every module of the package is in the table
+    for p in PKG.rglob("*.py"):
+        rel = p.relative_to(ROOT).as_posix()
+        assert rel in named or p.name in named or (p.parent.relative_to(ROOT).as_posix() + "/") in named, rel

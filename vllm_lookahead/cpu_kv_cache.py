@@ -1,0 +1,108 @@
+"""vLLM's paged KV cache on CPU (the CPU_ATTN backend's "vec" layout): the one place that knows its layout.
+
+A layer's cache is [num_blocks, num_kv_heads, block_size, 2 * head_size]; vLLM views it as
+[num_blocks, num_kv_heads, 2 * block_size, head_size] and splits it into key and value halves (`split`). Per block
+and KV head, keys are stored transposed as [head_size, block_size] in the memory of a [block_size, head_size] view,
+values as [block_size, head_size]. `check_layout` proves that against vLLM's own writer before any use, so another
+ISA or vLLM release fails loudly instead of being misread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+Writer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+_layouts_checked: set[tuple[object, ...]] = set()
+
+
+def split(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and value halves of a layer's cache, each [num_blocks, num_kv_heads, block_size, head_size]
+    (the backend's own views; keys' memory holds [head_size, block_size] per block and head)."""
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
+    return key_cache, value_cache
+
+
+def gather_kv(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_ids: torch.Tensor, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first seq_len tokens' K and V of one request as [num_kv_heads, seq_len, head_size] each."""
+    _, num_kv_heads, block_size, head_size = value_cache.shape
+    nblk = (seq_len + block_size - 1) // block_size
+    ids = block_ids[:nblk].long()
+    k = key_cache[ids].reshape(nblk, num_kv_heads, head_size, block_size)
+    k = k.permute(1, 0, 3, 2).reshape(num_kv_heads, nblk * block_size, head_size)[:, :seq_len]
+    v = value_cache[ids].permute(1, 0, 2, 3).reshape(num_kv_heads, nblk * block_size, head_size)[:, :seq_len]
+    return k, v
+
+
+def read_slots(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, block_ids: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V at token offsets `slots` (long) through `block_ids`, as [len(slots), num_kv_heads, D] each."""
+    block_size = value_cache.shape[2]
+    blocks = block_ids.long()[slots // block_size]
+    off = slots % block_size
+    k = key_cache[blocks]  # [m, H, bs, D] memory holding [H, D, bs]
+    m, h, bs, d = k.shape
+    k = k.reshape(m, h, d, bs)[torch.arange(m), :, :, off]  # [m, H, D]
+    v = value_cache[blocks, :, off]  # [m, H, D]
+    return k.contiguous(), v.contiguous()
+
+
+def vllm_writer(isa: str, kv_cache_dtype: str = "auto", k_scale: float = 1.0, v_scale: float = 1.0) -> Writer:
+    """vLLM's own cache writer for this ISA: writer(key, value, key_cache, value_cache, slot_mapping)."""
+    import vllm._custom_ops as ops
+
+    def write(k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor) -> None:
+        ops.cpu_attn_reshape_and_cache(k, v, kc, vc, slots, isa, k_scale, v_scale, kv_cache_dtype)
+
+    return write
+
+
+def layer_writer(layer: Attention) -> Writer:
+    """The writer vLLM uses for this attention layer's cache."""
+    return vllm_writer(layer.isa, layer.impl.kv_cache_dtype, layer._k_scale_float, layer._v_scale_float)
+
+
+def check_layout(write: Writer, dtype: torch.dtype, num_kv_heads: int, head_size: int, block_size: int) -> None:
+    """Write random K/V with `write` and read them back with gather_kv/read_slots; RuntimeError if they differ."""
+    nb = 3
+    kc, vc = split(torch.zeros(nb, num_kv_heads, block_size, 2 * head_size, dtype=dtype))
+    n = 2 * block_size + 3
+    gen = torch.Generator().manual_seed(0)
+    key = torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype)
+    value = torch.randn(n, num_kv_heads, head_size, generator=gen).to(dtype)
+    block_ids = torch.tensor([2, 0, 1], dtype=torch.int32)
+    slots = block_ids.long()[torch.arange(n) // block_size] * block_size + torch.arange(n) % block_size
+    write(key, value, kc, vc, slots)
+    k, v = gather_kv(kc, vc, block_ids, n)
+    picked = torch.tensor([0, 5, n - 1])
+    rk, rv = read_slots(kc, vc, block_ids, picked)
+    ok = (
+        torch.equal(k, key.transpose(0, 1))
+        and torch.equal(v, value.transpose(0, 1))
+        and torch.equal(rk, key[picked])
+        and torch.equal(rv, value[picked])
+    )
+    if not ok:
+        raise RuntimeError(
+            "vllm-lookahead: this vLLM build's CPU attention KV-cache layout is not the one the lookahead "
+            f"attention path reads (dtype={dtype}, block_size={block_size}); lookahead cannot run here."
+        )
+
+
+def ensure_layout(layer: Attention, impl: CPUAttentionBackendImpl, kv_cache: torch.Tensor) -> None:
+    """`check_layout` once per cache shape, dtype and ISA, with the layer's own writer."""
+    _, num_kv_heads, block_size, two_d = kv_cache.shape
+    key = (layer.isa, kv_cache.dtype, num_kv_heads, block_size, two_d, impl.kv_cache_dtype)
+    if key not in _layouts_checked:
+        check_layout(layer_writer(layer), kv_cache.dtype, num_kv_heads, two_d // 2, block_size)
+        _layouts_checked.add(key)
