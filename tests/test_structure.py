@@ -12,7 +12,7 @@ from vllm_lookahead.config import LookaheadParams
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "vllm_lookahead"
-CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup"}
+CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup", "suffix", "acceptance", "sizing"}
 GLUE = {"cpu_kv_cache", "tree_attention", "kv_relocation", "step", "engine", "eligibility", "drafter"}
 
 
@@ -127,7 +127,7 @@ def test_readme_key_table_is_lookahead_params():
     assert list(table)[: len(LookaheadParams.keys())] == list(LookaheadParams.keys())
     for f in dataclasses.fields(LookaheadParams):
         _, default, rng = table[f.name][:3]
-        assert default == str(f.default).lower(), f.name
+        assert default == ("null" if f.default is None else str(f.default).lower()), f.name
         lo_hi = f.metadata["range"]
         assert rng == ("bool" if lo_hi is None else f"{lo_hi[0]}..{lo_hi[1]}"), f.name
 

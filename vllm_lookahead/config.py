@@ -17,8 +17,9 @@ from vllm_lookahead.tree import window_slots_max
 MAX_SEED = 2**63 - 1
 
 
-def _key(default: Any, lo: int | None, hi: int | None, help: str) -> Any:
-    """A field whose metadata carries its allowed range (None for bools) and its one-line meaning."""
+def _key(default: Any, lo: float | None, hi: float | None, help: str) -> Any:
+    """A field whose metadata carries its allowed range (None for bools) and its one-line meaning. A float range
+    makes a float key, which may also be None (its default, "measured")."""
     return field(default=default, metadata={"range": None if lo is None else (lo, hi), "help": help})
 
 
@@ -45,12 +46,37 @@ class LookaheadParams:
         "prompt-lookup candidates (continuations of earlier occurrences of the last 1-3 tokens) added to the tree",
     )
     lookup_len: int = _key(8, 1, 32, "tokens per prompt-lookup candidate")
+    suffix_candidates: int = _key(
+        16,
+        0,
+        64,
+        "most suffix-tree nodes (continuations of the context in the prompt, the output and earlier requests' "
+        "outputs) added to the tree; 0 turns the source off (it is off without arctic_inference)",
+    )
+    suffix_depth: int = _key(24, 1, 64, "suffix-tree depth: longest context matched and longest continuation")
+    suffix_cache_requests: int = _key(
+        10000, 0, 1 << 20, "finished requests whose outputs stay suffix-tree candidates for later requests"
+    )
+    shared_pool_keys: int = _key(
+        0,
+        0,
+        1 << 20,
+        "keys of an n-gram pool shared by all requests (each request's text and window n-grams, least recently "
+        "updated key dropped first); 0 turns it off",
+    )
     step_token_budget: int = _key(
-        24,
+        512,
         2,
         1 << 16,
-        "most tokens (tree nodes, x0s included) all lookahead requests of one step may carry; trees shrink to "
-        "share it, and below two nodes per request drafting stops (large batches decode plainly)",
+        "most tokens (tree nodes, x0s included) all lookahead requests of one step may carry: a cap on what the "
+        "tree sizing chooses",
+    )
+    node_cost: float | None = _key(
+        None,
+        0.0,
+        10.0,
+        "cost of one more token in a step, relative to a one-token step; null: measured from the engine's own "
+        "steps (trees then follow the machine, model, dtype and batch); a number fixes it (reproducible trees)",
     )
     lookahead_seed: int = _key(0, 0, MAX_SEED, "seed of the window's initial guesses (drawn from the prompt)")
     max_pool_keys: int = _key(
@@ -86,17 +112,25 @@ class LookaheadParams:
         """
         return (
             window_slots_max(self.window_size, self.ngram_size)
-            + self.guess_set_size * (self.ngram_size - 1)
+            + self.guess_set_size * (self.ngram_size - 1) * (2 if self.shared_pool_keys else 1)
             + self.lookup_candidates * self.lookup_len
+            + self.suffix_candidates
         )
 
 
-def _check(name: str, value: Any, rng: tuple[int, int] | None) -> None:
+def _check(name: str, value: Any, rng: tuple[float, float] | None) -> None:
     if rng is None:
         if not isinstance(value, bool):
             raise ValueError(f"lookahead: {name} must be a bool (got {value!r})")
         return
     lo, hi = rng
+    if isinstance(lo, float):
+        ok = value is None or (
+            isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
+        )
+        if not ok:
+            raise ValueError(f"lookahead: {name} must be null or a number in [{lo}, {hi}] (got {value!r})")
+        return
     # bool is a subclass of int; `window_size=True` is surely a mistake, so reject it explicitly.
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ValueError(f"lookahead: {name} must be an integer in [{lo}, {hi}] (got {value!r})")

@@ -17,6 +17,7 @@ that replaces vLLM code is in patches/.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,11 +25,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm_lookahead import kv_relocation
+from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.eligibility import ineligible_reason
+from vllm_lookahead.pool import NGramPool
+from vllm_lookahead.sizing import StepCost, choose_sizes
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
-from vllm_lookahead.tree import StepTree
+from vllm_lookahead.suffix import SuffixCandidates
+from vllm_lookahead.tree import Source, StepTree
 from vllm_lookahead.tree_attention import TreeRows
 from vllm_lookahead.verify import greedy_verify
 
@@ -50,19 +55,23 @@ class LookaheadStats:
     preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
 
 
-def nodes_per_request(step_token_budget: int, num_requests: int, room: int) -> int:
-    """Tree nodes (x0 included) one of num_requests lookahead requests may draft this step: its share of the step
-    budget, and no more than the positions left before max_model_len (`room` drafts after x0) allow. The tree's own
-    bound (`LookaheadParams.max_tree_nodes`) is applied where it is built."""
-    return min(step_token_budget // max(1, num_requests), room + 1)
-
-
 class LookaheadEngine:
     def __init__(self, params: LookaheadParams, max_model_len: int) -> None:
         self.params = params
         self.max_model_len = max_model_len
         self.states: dict[str, LookaheadState] = {}
         self.stats = LookaheadStats()
+        # Shared by all requests: what nodes of each source turn out to be worth, what a step costs, and the
+        # suffix trees (with earlier requests' outputs).
+        self.acceptance = AcceptanceStats()
+        self.cost = StepCost(params.node_cost)
+        self.suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests)
+        self.shared_pool = (
+            NGramPool(params.ngram_size, params.guess_set_size, params.shared_pool_keys)
+            if params.shared_pool_keys
+            else None
+        )
+        self._step_start: tuple[float, int] | None = None  # (time, tokens) of a pure decoding step under way
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
         self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
@@ -80,7 +89,9 @@ class LookaheadEngine:
             self._drop(req_id)
 
     def _drop(self, req_id: str) -> None:
-        self.states.pop(req_id, None)
+        state = self.states.pop(req_id, None)
+        if state is not None:
+            state.close()
         self._eligible.pop(req_id, None)
 
     def _check_eligible(self, runner: GPUModelRunner, req_id: str) -> bool:
@@ -105,6 +116,10 @@ class LookaheadEngine:
         step, self.pending = self.pending or LookaheadStep(proposed={}), None
         self.step = step
         spec = scheduler_output.scheduled_spec_decode_tokens
+        # Time pure decoding steps (every request computes x0 and its drafts) for the step-cost line.
+        tokens = scheduler_output.total_num_scheduled_tokens
+        decoding = tokens == runner.input_batch.num_reqs + sum(len(d) for d in spec.values())
+        self._step_start = (time.perf_counter(), tokens) if decoding else None
         if not spec:
             return
         batch = runner.input_batch
@@ -120,7 +135,8 @@ class LookaheadEngine:
             x0 = int(batch.token_ids_cpu[idx, prefix_len])
             tree = step.proposed.get(req_id)
             k = len(drafts)
-            if tree is not None and tree.tokens[0] == x0 and tree.tokens[1 : k + 1] == list(drafts):
+            ours = tree is not None and tree.tokens[0] == x0 and tree.tokens[1 : k + 1] == list(drafts)
+            if ours:
                 tree = tree.truncate(k + 1)  # the scheduler may schedule a prefix of the drafts
             elif self._plain_greedy(runner, req_id):
                 # Drafts this engine did not make (vLLM pads every request with zeros near max_model_len): verify
@@ -130,7 +146,7 @@ class LookaheadEngine:
             else:
                 continue  # sampling etc.: vLLM's verification stands
             q_start = int(qsl[idx])
-            step.scheduled.append(ScheduledTree(req_id, idx, q_start, prefix_len, tree))
+            step.scheduled.append(ScheduledTree(req_id, idx, q_start, prefix_len, tree, ours))
             if not tree.is_chain:
                 n = tree.num_nodes
                 positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype) + prefix_len
@@ -156,8 +172,21 @@ class LookaheadEngine:
     ) -> None:
         """Verify every scheduled tree, fix the sampler output and the KV cache, advance windows and pools."""
         step, self.step = self.step, None
-        if step is None or not step.scheduled or spec_md is None:
-            return
+        if step is not None and step.scheduled and spec_md is not None:
+            self._verify(runner, step, logits, spec_md, sampler_output)
+        if self._step_start is not None:
+            start, tokens = self._step_start
+            self.cost.observe(tokens, time.perf_counter() - start)
+            self._step_start = None
+
+    def _verify(
+        self,
+        runner: GPUModelRunner,
+        step: LookaheadStep,
+        logits: torch.Tensor,
+        spec_md: SpecDecodeMetadata,
+        sampler_output: SamplerOutput,
+    ) -> None:
         from vllm.v1.sample.sampler import Sampler
 
         out = sampler_output.sampled_token_ids
@@ -180,40 +209,60 @@ class LookaheadEngine:
             state = self.states.get(s.req_id)
             if state is not None:
                 state.update(s.tree, argmax, tokens)
+            if s.ours:
+                self.acceptance.observe(s.tree, accepted)
             self.stats.tree_steps += 1
             self.stats.accepted += len(tokens) - 1
         if moves_src:
             kv_relocation.move_kv_slots(kv_relocation.attention_layers(runner), moves_src, moves_dst)
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
-        """Next step's drafts per request (input batch order): each tree's nodes after the root x0."""
+        """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
+        the step-cost line says pay (`sizing.choose_sizes`)."""
         batch = runner.input_batch
-        active: list[tuple[int, str, list[int]]] = []
-        for i, req_id in enumerate(batch.req_ids):
-            sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            if sampled and self._check_eligible(runner, req_id):
-                active.append((i, req_id, sampled))
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         step = self.pending = LookaheadStep(proposed={})
-        for i, req_id, sampled in active:
+        rows: list[tuple[int, str]] = []
+        trees: list[StepTree] = []
+        caps: list[int] = []
+        for i, req_id in enumerate(batch.req_ids):
+            sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
+            if not sampled or not self._check_eligible(runner, req_id):
+                continue
             num_tokens = int(batch.num_tokens_no_spec[i])
-            cap = nodes_per_request(self.params.step_token_budget, len(active), self.max_model_len - num_tokens)
-            if cap < 2:
-                # Under two nodes there is nothing to draft: large batches, where the target pass is compute-bound,
-                # decode plainly instead of paying for guesses (and so does a request at max_model_len).
+            room = self.max_model_len - num_tokens  # positions left for drafts after x0
+            if room <= 0:
                 continue
             state = self.states.get(req_id)
             if state is None:
                 prompt = batch.token_ids_cpu[i, : int(batch.num_prompt_tokens[i])].tolist()
-                state = self.states[req_id] = LookaheadState(self.params, prompt)
+                state = self.states[req_id] = LookaheadState(
+                    self.params,
+                    prompt,
+                    stats=self.acceptance,
+                    suffix=self.suffix,
+                    req_id=req_id,
+                    shared=self.shared_pool,
+                )
             state.catch_up(num_tokens, lambda a, b, i=i: batch.token_ids_cpu[i, a:b].tolist())
-            tree = state.build_tree(int(sampled[-1]), max_nodes=cap)
-            step.proposed[req_id] = tree
-            drafts[i] = tree.tokens[1:]
+            rows.append((i, req_id))
+            trees.append(state.build_tree(int(sampled[-1])))
+            caps.append(room + 1)
+        if not trees:
+            return drafts
+        budget = self.params.step_token_budget - len(trees)
+        sizes = choose_sizes(trees, caps, other_tokens=batch.num_reqs, cost=self.cost, budget=budget)
+        for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
+            if size > 1:
+                # Under two nodes there is nothing to draft: the request decodes plainly this step (large batches,
+                # where tokens are dear, and requests whose candidates are all unlikely).
+                tree = tree.truncate(size)
+                step.proposed[req_id] = tree
+                drafts[i] = tree.tokens[1:]
         return drafts
 
 
-def worker_stats(engine: LookaheadEngine | None) -> dict[str, int] | None:
+def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
     """A worker's lookahead counters (None without lookahead), for `LLM.collective_rpc("lookahead_stats")`."""
     if engine is None:
         return None
@@ -225,4 +274,10 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, int] | None:
         "fallback_requests": s.fallback_requests,
         "preemptions": s.preemptions,
         "live_states": len(engine.states),
+        # the step-cost line the tree sizing uses (seconds, or relative units if fixed by node_cost)
+        "step_cost_fixed": engine.cost.line()[0],
+        "step_cost_per_token": engine.cost.line()[1],
+        # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
+        **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
+        "window_value": engine.acceptance.window_value,
     }

@@ -11,7 +11,8 @@ class NGramPool:
 
     Values of one key are kept in recency order (re-adding moves to most recent, overflow drops the least
     recent). Keys are capped at `max_keys`, dropping the key least recently added to, so memory per sequence
-    is bounded by max_keys * G * (N-1) tokens whatever the generation length.
+    is bounded by max_keys * G * (N-1) tokens whatever the generation length. Each value remembers whether the
+    Jacobi window found it before the text itself showed it (so the window can be credited when it is accepted).
     """
 
     __slots__ = ("ngram_size", "guess_set_size", "max_keys", "_table")
@@ -27,8 +28,8 @@ class NGramPool:
         self.guess_set_size = guess_set_size
         self.max_keys = max_keys
         # OrderedDict gives O(1) move_to_end/popitem(last=False) for the key LRU. The per-key value sets are
-        # tiny (<= G) plain dicts used as ordered sets: oldest first, most recent last.
-        self._table: OrderedDict[int, dict[tuple[int, ...], None]] = OrderedDict()
+        # tiny (<= G) plain dicts, oldest first, most recent last: value -> found by the window.
+        self._table: OrderedDict[int, dict[tuple[int, ...], bool]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._table)
@@ -37,8 +38,9 @@ class NGramPool:
         """Keys, least recently updated first."""
         return list(self._table)
 
-    def add(self, key: int, value: tuple[int, ...]) -> None:
-        """Record that `value` followed `key`; it becomes the most recent continuation of `key`."""
+    def add(self, key: int, value: tuple[int, ...], by_window: bool = False) -> None:
+        """Record that `value` followed `key`; it becomes the most recent continuation of `key`. `by_window`: the
+        Jacobi window found it (kept only if the pool did not already hold it)."""
         if self.guess_set_size == 0:
             return
         if len(value) != self.ngram_size - 1:
@@ -54,14 +56,14 @@ class NGramPool:
         else:
             table.move_to_end(key)
             # pop + re-insert moves an existing value to the most-recent end of the ordered dict.
-            values.pop(value, None)
-        values[value] = None
+            by_window = values.pop(value, by_window)
+        values[value] = by_window
         if len(values) > self.guess_set_size:
             del values[next(iter(values))]
 
-    def add_many(self, ngrams: Iterable[tuple[int, tuple[int, ...]]]) -> None:
+    def add_many(self, ngrams: Iterable[tuple[int, tuple[int, ...]]], by_window: bool = False) -> None:
         for key, value in ngrams:
-            self.add(key, value)
+            self.add(key, value, by_window)
 
     def seed_from_tokens(self, tokens: Sequence[int]) -> None:
         """Add every n-gram of `tokens` in order, so later occurrences end up most recent."""
@@ -78,3 +80,10 @@ class NGramPool:
         if not values:
             return []
         return list(reversed(values))
+
+    def get_with_origin(self, key: int) -> list[tuple[tuple[int, ...], bool]]:
+        """(continuation, found by the window) pairs of `key`, most recent first."""
+        values = self._table.get(key)
+        if not values:
+            return []
+        return list(reversed(values.items()))

@@ -14,6 +14,7 @@ import torch
 
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.suffix import SuffixCandidates
 from vllm_lookahead.tree import StepTree
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
@@ -83,7 +84,9 @@ def lookahead_generate(
     steps = 1
     new_tokens = [pick(out.logits[0, -1])]
     accepted_total = 0
-    state = LookaheadState(params, prompt)
+    # Suffix trees over this sequence only (an engine's also hold earlier requests' outputs).
+    suffix = SuffixCandidates.create(params.suffix_depth, 0) if params.suffix_candidates else None
+    state = LookaheadState(params, prompt, suffix=suffix)
     prefix_len = len(prompt)
 
     while len(new_tokens) < max_new_tokens and new_tokens[-1] not in eos:
@@ -110,6 +113,7 @@ def lookahead_generate(
         state.update(tree, argmax, tokens)
         accepted_total += len(tokens) - 1
         new_tokens.extend(tokens)
+    state.close()
 
     # A step may overshoot the length limit or run past EOS: cut as plain decoding would have stopped.
     for i, t in enumerate(new_tokens):

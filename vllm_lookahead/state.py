@@ -1,31 +1,72 @@
-"""Per-sequence lookahead state: the n-gram pool and the Jacobi window, driven once per decoding step.
+"""Per-sequence lookahead state: the candidate sources of one sequence, driven once per decoding step.
 
 Step protocol (glue and reference decoder):
+    state.catch_up(num_tokens, fetch)                  # optional: tokens emitted by steps without a tree
     tree = state.build_tree(x0)                        # x0: last accepted token, KV not yet computed
     ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestor_mask()
     accepted_nodes, tokens = greedy_verify(tree, argmax)  # or sample_verify(tree, probs, generator)
     state.update(tree, argmax, tokens)  # argmax of the target at every node, even when sampling
     x0 = tokens[-1]  # == state.x0
+    state.close()                                      # the sequence ended
+
+The tree holds the prompt-lookup, pool and suffix-tree candidates and the Jacobi window, every node scored by the
+shared `AcceptanceStats` (the estimated probability that it is accepted) and ordered best first, so that cutting
+the tree to k nodes keeps its k best.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
+from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.lookup import LookupIndex
 from vllm_lookahead.pool import NGramPool
-from vllm_lookahead.tree import StepTree, build_step_tree
+from vllm_lookahead.suffix import SuffixCandidates
+from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
 from vllm_lookahead.window import JacobiWindow
 
 
 class LookaheadState:
-    __slots__ = ("params", "merge", "pool", "window", "x0", "num_steps", "num_tokens", "tail", "lookup", "prompt_len")
+    __slots__ = (
+        "params",
+        "merge",
+        "stats",
+        "suffix",
+        "req_id",
+        "pool",
+        "window",
+        "x0",
+        "num_steps",
+        "num_tokens",
+        "tail",
+        "lookup",
+        "prompt_len",
+        "seen",
+        "recent",
+        "shared",
+    )
 
-    def __init__(self, params: LookaheadParams, prompt_token_ids: Sequence[int], merge: bool = True) -> None:
+    def __init__(
+        self,
+        params: LookaheadParams,
+        prompt_token_ids: Sequence[int],
+        merge: bool = True,
+        stats: AcceptanceStats | None = None,
+        suffix: SuffixCandidates | None = None,
+        req_id: Hashable = 0,
+        shared: NGramPool | None = None,
+    ) -> None:
+        """`stats`, `suffix` and `shared` (the pool shared by all requests) are shared by an engine's sequences
+        (fresh stats when not given; no suffix source or shared pool when None); `req_id` names this sequence in
+        `suffix`."""
         self.params = params
         self.merge = merge
+        self.stats = stats if stats is not None else AcceptanceStats()
+        self.suffix = suffix if params.suffix_candidates else None
+        self.req_id = req_id
+        self.shared = shared if params.shared_pool_keys else None
         self.pool = NGramPool(params.ngram_size, params.guess_set_size, max_keys=params.max_pool_keys)
         if params.pool_from_prompt:
             self.pool.seed_from_tokens(prompt_token_ids)
@@ -35,27 +76,45 @@ class LookaheadState:
         self.x0: int | None = None
         # The last N-1 tokens of the sequence, to form the n-grams that new output tokens complete.
         self.tail: list[int] = list(prompt_token_ids[-(params.ngram_size - 1) :])
+        # The sequence's last tokens, the context the suffix trees are matched against.
+        self.recent: list[int] = list(prompt_token_ids[-params.suffix_depth :])
         self.num_steps = 0
         self.num_tokens = 0
-        # Prompt lookup over prompt + output; x0 joins it at the first build_tree, accepted tokens at update.
         self.lookup = LookupIndex(prompt_token_ids) if params.lookup_candidates else None
         self.prompt_len = len(prompt_token_ids)
+        self.seen = self.prompt_len  # tokens of the sequence the sources have learned
+        if self.suffix is not None:
+            self.suffix.start(req_id, prompt_token_ids)
 
     def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
-        """This step's tree: root x0, prompt-lookup candidates, the pool's candidates for x0 (most recent first),
-        then the window; at most max_nodes nodes (default and ceiling: params.max_tree_nodes)."""
-        if self.lookup is not None and len(self.lookup.tokens) == self.prompt_len:
-            self.lookup.extend([x0])  # the first new token (later ones arrive through update/catch_up)
+        """This step's tree, best-scored nodes first: root x0, the lookup, pool and suffix candidates and the
+        window; at most max_nodes nodes (default and ceiling: params.max_tree_nodes)."""
+        if self.seen == self.prompt_len:
+            self._learn([x0])  # the prefill's token (later ones arrive through update/catch_up)
         self.x0 = x0
         self.window.set_x0(x0)
-        candidates = self.pool.get(x0)
+        p, stats = self.params, self.stats
+        cands: list[Candidate] = []
         if self.lookup is not None:
-            candidates = self.lookup.candidates(self.params.lookup_candidates, self.params.lookup_len) + candidates
-        cap = self.params.max_tree_nodes if max_nodes is None else min(max_nodes, self.params.max_tree_nodes)
-        return build_step_tree(x0, self.window, candidates, merge=self.merge, max_nodes=cap)
+            for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
+                cands.append(Candidate(c, stats.path_scores(Source.LOOKUP, None, len(c)), Source.LOOKUP))
+        for value, by_window in self.pool.get_with_origin(x0):
+            src = Source.JACOBI if by_window else Source.POOL
+            cands.append(Candidate(value, stats.path_scores(src, None, len(value)), src))
+        if self.shared is not None:
+            for value in self.shared.get(x0):
+                cands.append(Candidate(value, stats.path_scores(Source.SHARED, None, len(value)), Source.SHARED))
+        if self.suffix is not None:
+            for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
+                scores = stats.path_scores(Source.SUFFIX, c.estimates, len(c.tokens))
+                cands.append(Candidate(c.tokens, scores, Source.SUFFIX, c.estimates))
+        tree = build_step_tree(x0, self.window, cands, merge=self.merge, window_score=stats.window_value)
+        cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
+        return tree.by_score().truncate(cap)
 
     def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
-        """Advance the window one position, feed its n-grams to the pool, and set x0 to the last new token.
+        """Advance the window one position, feed its n-grams to the pool, learn the accepted tokens, and set x0 to
+        the last new token.
 
         Only the argmax at the window's last-row nodes is read. A slot cut off by max_nodes has no output:
         the window keeps its old guess for that position instead (see JacobiWindow.step) and its column
@@ -69,33 +128,42 @@ class LookaheadState:
             for u in tree.window_output_nodes(window.fill, window.num_cols)
         ]
         x0_new = int(accepted_tokens[-1])
-        self.pool.add_many(window.step(x0_new, outputs))
-        if self.params.pool_from_output:
-            self._learn_output(accepted_tokens)
-        if self.lookup is not None:
-            self.lookup.extend(accepted_tokens)
+        found = window.step(x0_new, outputs)
+        self.pool.add_many(found, by_window=True)
+        if self.shared is not None:
+            self.shared.add_many(found, by_window=True)
+        self._learn(accepted_tokens)
         self.x0 = x0_new
         self.num_steps += 1
         self.num_tokens += len(accepted_tokens)
 
     def catch_up(self, num_tokens: int, fetch: Callable[[int, int], list[int]]) -> None:
-        """Bring the lookup index to the sequence's first num_tokens tokens (fetch(a, b) returns tokens a..b-1).
+        """Learn the sequence up to its first num_tokens tokens (fetch(a, b) returns tokens a..b-1): steps that ran
+        without a tree (no drafts scheduled) emitted tokens that update() never saw."""
+        if self.seen < num_tokens:
+            self._learn(fetch(self.seen, num_tokens))
 
-        Steps that ran without a tree (no drafts scheduled) emitted tokens that update() never saw.
-        """
-        if self.lookup is not None and len(self.lookup.tokens) < num_tokens:
-            self.lookup.extend(fetch(len(self.lookup.tokens), num_tokens))
+    def close(self) -> None:
+        """The sequence ended: release its suffix tree (its output stays a candidate for later sequences)."""
+        if self.suffix is not None:
+            self.suffix.stop(self.req_id)
 
-    def _learn_output(self, new_tokens: Sequence[int]) -> None:
-        n = self.params.ngram_size
-        seq = self.tail + [int(t) for t in new_tokens]
-        start = max(len(self.tail), n - 1)
-        add = self.pool.add
-        for j in range(start, len(seq)):
-            add(seq[j - n + 1], tuple(seq[j - n + 2 : j + 1]))
-        self.tail = seq[-(n - 1) :]
-
-    @property
-    def compression(self) -> float:
-        """Tokens emitted per step so far (an upper bound on the speedup)."""
-        return self.num_tokens / self.num_steps if self.num_steps else 0.0
+    def _learn(self, new_tokens: Sequence[int]) -> None:
+        """Every text source learns the sequence's next tokens."""
+        new = [int(t) for t in new_tokens]
+        self.seen += len(new)
+        if self.params.pool_from_output or self.shared is not None:
+            n = self.params.ngram_size
+            seq = self.tail + new
+            start = max(len(self.tail), n - 1)
+            ngrams = [(seq[j - n + 1], tuple(seq[j - n + 2 : j + 1])) for j in range(start, len(seq))]
+            if self.params.pool_from_output:
+                self.pool.add_many(ngrams)
+            if self.shared is not None:
+                self.shared.add_many(ngrams)
+        self.tail = (self.tail + new)[-(self.params.ngram_size - 1) :]
+        if self.lookup is not None:
+            self.lookup.extend(new)
+        if self.suffix is not None:
+            self.recent = (self.recent + new)[-self.params.suffix_depth :]
+            self.suffix.extend(self.req_id, new)

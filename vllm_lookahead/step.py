@@ -30,6 +30,7 @@ class ScheduledTree:
     q_start: int  # its first query row (x0) in the flattened batch
     prefix_len: int  # tokens cached before x0; x0 sits at position prefix_len
     tree: StepTree  # cut to the scheduled drafts (or a chain of drafts this engine did not make)
+    ours: bool  # this engine drafted it (False: vLLM's own padding drafts, verified as a chain)
 
 
 @dataclass

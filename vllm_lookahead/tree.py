@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,6 +27,30 @@ def window_slots_max(window_size: int, ngram_size: int) -> int:
     return max((k + 1) * (w + n - 2 - k) for k in range(n - 1))
 
 
+class Source(IntEnum):
+    """Where a node came from (a merged node keeps the source that gave it its best score)."""
+
+    ROOT = 0
+    LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens
+    POOL = 2  # the n-gram pool: n-grams of the prompt and the output
+    JACOBI = 3  # the n-gram pool: n-grams the Jacobi window found before the text showed them
+    SUFFIX = 4  # suffix trees over the prompt, the output and earlier requests' outputs
+    WINDOW = 5  # a Jacobi window slot
+    SHARED = 6  # the n-gram pool shared by all requests (what earlier requests saw and found)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A root path to verify: tokens after x0, each with its score, the estimated probability that the path up to
+    and including it is accepted (so scores never grow along a path)."""
+
+    tokens: Sequence[int]
+    scores: Sequence[float]
+    source: Source
+    # the source's own conditional estimate per token (the suffix library's); None: it has none
+    estimates: Sequence[float] | None = None
+
+
 @dataclass
 class StepTree:
     """Nodes in an order where every parent index is below its children's (so any prefix is a tree).
@@ -34,6 +59,8 @@ class StepTree:
     window_node maps a window slot (row, col) to its node ((0, 0) -> 0); candidate_nodes[j] lists the nodes of
     candidate j's tokens in order (shorter if the tree was truncated). With merging, several slots/candidates
     may map to one node: a node is identified by its root path, and the model's output there is the same.
+    scores[u] estimates the probability that node u is accepted (1 for the root; never more than its parent's),
+    sources[u] says which source gave that score and estimates[u] that source's own conditional estimate (1: none).
     """
 
     tokens: list[int]
@@ -42,8 +69,18 @@ class StepTree:
     window_node: dict[tuple[int, int], int] = field(default_factory=dict)
     candidate_nodes: list[list[int]] = field(default_factory=list)
     _children: list[list[int]] = field(default_factory=list, repr=False)
+    scores: list[float] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)
+    estimates: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.scores) != n:
+            self.scores = [1.0] + [0.0] * (n - 1)
+        if len(self.sources) != n:
+            self.sources = [Source.ROOT] + [Source.POOL] * (n - 1)
+        if len(self.estimates) != n:
+            self.estimates = [1.0] * n
         if not self._children or len(self._children) != len(self.tokens):
             kids: list[list[int]] = [[] for _ in self.tokens]
             for u in range(1, len(self.parents)):
@@ -113,21 +150,50 @@ class StepTree:
             window_node={s: u for s, u in self.window_node.items() if u < m},
             candidate_nodes=[[u for u in nodes if u < m] for nodes in self.candidate_nodes],
             _children=[[c for c in kids if c < m] for kids in self._children[:m]],
+            scores=self.scores[:m],
+            sources=self.sources[:m],
+            estimates=self.estimates[:m],
+        )
+
+    def by_score(self) -> StepTree:
+        """The same tree with its nodes in descending score (ties: the current order), so that any prefix is the
+        best-scored subtree of its size. Parents still precede children: a child never outscores its parent."""
+        n = len(self.tokens)
+        order = sorted(range(n), key=lambda u: (-self.scores[u], u))
+        if order == list(range(n)):
+            return self
+        new = [0] * n
+        for i, u in enumerate(order):
+            new[u] = i
+        parents = [-1 if u == 0 else new[self.parents[u]] for u in order]
+        if any(p >= i for i, p in enumerate(parents)):
+            raise ValueError("lookahead: a node outscores its parent; scores must not grow along a path")
+        return StepTree(
+            tokens=[self.tokens[u] for u in order],
+            parents=parents,
+            depths=[self.depths[u] for u in order],
+            window_node={s: new[u] for s, u in self.window_node.items()},
+            candidate_nodes=[[new[u] for u in nodes] for nodes in self.candidate_nodes],
+            scores=[self.scores[u] for u in order],
+            sources=[self.sources[u] for u in order],
+            estimates=[self.estimates[u] for u in order],
         )
 
 
 def build_step_tree(
     x0: int,
     window: JacobiWindow | None,
-    candidates: Sequence[Sequence[int]],
+    candidates: Sequence[Candidate | Sequence[int]],
     merge: bool = True,
     max_nodes: int | None = None,
+    window_score: float = 0.0,
 ) -> StepTree:
     """Tree of one step: root x0, then every candidate's tokens, then every window slot except (0, 0).
 
-    Node order: candidates first, in the given order (pool order: most recent first), then the window
-    column-major. Candidates are what verification accepts, so if the tree is cut to a prefix (max_nodes or
-    an engine budget) they survive longest; the window's leading columns survive next.
+    Node order: candidates first, in the given order, then the window column-major. If the tree is cut to a
+    prefix (max_nodes or an engine budget) candidates survive longest and the window's leading columns next;
+    `StepTree.by_score` reorders by score instead. A plain token list is an unscored pool candidate; window slots
+    score `window_score`. A node shared by several paths keeps the best score.
 
     merge=True shares nodes between identical root paths (a trie); merge=False keeps each candidate's chain
     and the window separate (the paper's layout) but they still share the root. The window's own slots
@@ -136,19 +202,27 @@ def build_step_tree(
     tokens = [x0]
     parents = [-1]
     depths = [0]
+    scores = [1.0]
+    sources: list[int] = [Source.ROOT]
+    estimates = [1.0]
     kids: list[list[int]] = [[]]
     # Per-node token -> child, only for merging.
     kid_by_tok: list[dict[int, int]] = [{}]
 
-    def add(parent: int, tok: int) -> int:
+    def add(parent: int, tok: int, score: float, source: int, estimate: float = 1.0) -> int:
         if merge:
             v = kid_by_tok[parent].get(tok)
             if v is not None:
+                if score > scores[v]:
+                    scores[v], sources[v], estimates[v] = score, source, estimate
                 return v
         v = len(tokens)
         tokens.append(tok)
         parents.append(parent)
         depths.append(depths[parent] + 1)
+        scores.append(score)
+        sources.append(source)
+        estimates.append(estimate)
         kids.append([])
         kids[parent].append(v)
         if merge:
@@ -158,10 +232,13 @@ def build_step_tree(
 
     candidate_nodes: list[list[int]] = []
     for cand in candidates:
+        if not isinstance(cand, Candidate):
+            cand = Candidate(cand, [0.0] * len(cand), Source.POOL)
         u = 0
         nodes = []
-        for tok in cand:
-            u = add(u, tok)
+        ests = cand.estimates or [1.0] * len(cand.tokens)
+        for tok, score, est in zip(cand.tokens, cand.scores, ests, strict=True):
+            u = add(u, tok, score, cand.source, est)
             nodes.append(u)
         candidate_nodes.append(nodes)
 
@@ -175,14 +252,14 @@ def build_step_tree(
         top = 0  # node of (0, i)
         for i in range(ncols):
             if i:
-                top = add(top, row0[i])
+                top = add(top, row0[i], window_score, Source.WINDOW)
                 window_node[(0, i)] = top
             u = top
             for r in range(1, nrows):
-                u = add(u, rows[r][i])
+                u = add(u, rows[r][i], window_score, Source.WINDOW)
                 window_node[(r, i)] = u
 
-    tree = StepTree(tokens, parents, depths, window_node, candidate_nodes, kids)
+    tree = StepTree(tokens, parents, depths, window_node, candidate_nodes, kids, scores, sources, estimates)
     if max_nodes is not None:
         tree = tree.truncate(max_nodes)
     return tree

@@ -1,0 +1,128 @@
+"""Tree sizing: the step-cost line, the acceptance statistics, best-first trees and the choice of node counts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.acceptance import AcceptanceStats
+from vllm_lookahead.sizing import StepCost, choose_sizes
+from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
+
+
+def _tree(scores: list[float]) -> StepTree:
+    """A chain whose nodes after the root have these (non-increasing) scores."""
+    return build_step_tree(0, None, [Candidate(list(range(1, len(scores) + 1)), scores, Source.LOOKUP)])
+
+
+@st.composite
+def scored_candidates(draw):
+    cands = []
+    for _ in range(draw(st.integers(0, 6))):
+        n = draw(st.integers(1, 5))
+        toks = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
+        raw = sorted(draw(st.lists(st.floats(0, 1), min_size=n, max_size=n)), reverse=True)
+        cands.append(Candidate(toks, raw, draw(st.sampled_from([Source.LOOKUP, Source.POOL, Source.SUFFIX]))))
+    return cands
+
+
+@settings(max_examples=200, deadline=None)
+@given(cands=scored_candidates(), k=st.integers(1, 30))
+def test_by_score_keeps_the_tree_and_puts_the_best_first(cands, k):
+    tree = build_step_tree(9, None, cands)
+    best = tree.by_score()
+    paths = {tuple(tree.tokens[v] for v in tree.path(u)) for u in range(tree.num_nodes)}
+    assert {tuple(best.tokens[v] for v in best.path(u)) for u in range(best.num_nodes)} == paths
+    assert all(best.parents[u] < u for u in range(1, best.num_nodes))
+    assert best.scores == sorted(best.scores, reverse=True)
+    # a prefix is the k best nodes, and a node's score is the best its root path got from any candidate
+    assert sorted(best.truncate(k).scores, reverse=True) == sorted(tree.scores, reverse=True)[:k]
+    for c in cands:
+        for d in range(len(c.tokens)):
+            node = next(u for u in range(best.num_nodes) if best.path(u)[1:] and
+                        [best.tokens[v] for v in best.path(u)[1:]] == list(c.tokens[: d + 1]))
+            assert best.scores[node] >= c.scores[d]
+
+
+def test_by_score_refuses_a_child_that_outscores_its_parent():
+    tree = build_step_tree(0, None, [Candidate([1, 2], [0.1, 0.5], Source.POOL)])
+    with pytest.raises(ValueError, match="outscores its parent"):
+        tree.by_score()
+
+
+def test_step_cost_learns_the_line_and_a_fixed_one_stays():
+    cost = StepCost()
+    rng = random.Random(0)
+    for _ in range(400):
+        t = rng.randint(1, 40)
+        cost.observe(t, 0.020 + 0.0005 * t + rng.uniform(-0.0005, 0.0005))
+    fixed, per_token = cost.line()
+    assert fixed == pytest.approx(0.020, rel=0.1) and per_token == pytest.approx(0.0005, rel=0.15)
+    frozen = StepCost(relative_node_cost=0.1)
+    frozen.observe(10, 5.0)
+    assert frozen.line() == (1.0, 0.1)
+
+
+def test_sizes_follow_cost_and_scores():
+    tree = _tree([0.9, 0.8, 0.5, 0.3, 0.1, 0.05, 0.02])
+    free, dear = StepCost(relative_node_cost=0.0), StepCost(relative_node_cost=0.1)
+    assert choose_sizes([tree], [100], 1, free, budget=100) == [8]  # every node with a chance pays when free
+    few = choose_sizes([tree], [100], 1, dear, budget=100)[0]
+    assert 1 < few < 8
+    # dearer tokens, fewer nodes; more likely nodes, more nodes
+    # a token as dear as a whole step: 0.9 and 0.8 still pay ((1 + 0.9) / 3 > 1 / 2, 2.7 / 4 > 1.9 / 3), 0.5 not
+    assert choose_sizes([tree], [100], 1, StepCost(relative_node_cost=1.0), budget=100) == [3]
+    sure = _tree([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])
+    assert choose_sizes([sure], [100], 1, dear, budget=100)[0] > few
+    # caps and the budget hold
+    assert choose_sizes([tree], [3], 1, free, budget=100) == [3]
+    assert choose_sizes([tree, sure], [100, 100], 2, free, budget=5) == [1, 6]
+
+
+def test_growing_step_cost_shrinks_trees_then_turns_drafting_off():
+    """The measured line: as steps get dearer per token, trees shrink; a batch of many requests drafts nothing."""
+    tree = _tree([0.6, 0.4, 0.3, 0.2, 0.1])
+    sizes = []
+    for slope in (0.001, 0.01, 0.05, 0.2):
+        cost = StepCost()
+        for t in (1, 10, 20, 30, 40) * 20:
+            cost.observe(t, 0.02 * (1 + slope * t))
+        sizes.append(choose_sizes([tree], [100], 1, cost, budget=100)[0])
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] == 6 and sizes[-1] < 6
+    # 16 requests: a node must be likelier than 16 * 0.03 / (1 + 16 * 0.03) = 0.32 to pay
+    cost = StepCost(relative_node_cost=0.03)
+    assert choose_sizes([_tree([0.3, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [1] * 16
+    assert choose_sizes([_tree([0.34, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [2] * 16
+
+
+def test_acceptance_rates_follow_verification():
+    stats = AcceptanceStats()
+    before = stats.factor(Source.POOL, 1)
+    tree = build_step_tree(0, None, [Candidate([1, 2], [0.3, 0.1], Source.POOL)])
+    for _ in range(3000):
+        stats.observe(tree, [1, 2])  # always accepted
+    assert stats.factor(Source.POOL, 1) > 0.95 > before
+    for _ in range(3000):
+        stats.observe(tree, [])  # never
+    assert stats.factor(Source.POOL, 1) < 0.05
+    # depth 2 was only tried when depth 1 was accepted: its rate stayed high
+    assert stats.factor(Source.POOL, 2) > 0.9
+    assert stats.path_scores(Source.POOL, None, 2)[1] <= stats.path_scores(Source.POOL, None, 2)[0]
+
+
+def test_window_is_worth_what_its_ngrams_yield():
+    stats = AcceptanceStats()
+    from vllm_lookahead.window import JacobiWindow
+
+    win = JacobiWindow(2, 3, [5, 6])
+    win.set_x0(4)
+    found = Candidate([8, 9], [0.2, 0.1], Source.JACOBI)
+    tree = build_step_tree(4, win, [found])
+    jacobi_nodes = tree.candidate_nodes[0]
+    v0 = stats.window_value
+    for _ in range(2000):
+        stats.observe(tree, jacobi_nodes)
+    assert stats.window_value > 10 * v0

@@ -1,0 +1,94 @@
+"""How likely a tree node is to be accepted, learned from verification: the scores that decide which nodes a step
+carries.
+
+A node at depth d from source s is accepted, given that its parent was, with probability min(1, k[s, d] * c), where
+c is the source's own estimate for that token (the suffix library's conditional probability; 1 for sources without
+one) and k[s, d] is learned: accepted nodes / their summed estimates, over nodes whose parent was accepted. A node's
+score is the product of these along its root path: the probability that it is accepted.
+
+The Jacobi window is scored by what it yields: its slots are rarely accepted themselves, but the n-grams it finds
+enter the pool. `window_value` is the pool tokens accepted per step that the window found, divided by the window
+slots a step carried: what one slot has been worth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from vllm_lookahead.tree import Source, StepTree
+
+MAX_DEPTH = 64
+# Pseudo-observations behind the prior rates: enough to keep early estimates sane, few enough to be forgotten fast.
+PRIOR_WEIGHT = 20.0
+# Each observation's weight decays by this factor per step: about a thousand steps of memory.
+DECAY = 0.999
+# Conditional acceptance of a depth-1 node before anything was observed, and its fall per level.
+PRIOR_RATE = {Source.LOOKUP: 0.5, Source.POOL: 0.3, Source.JACOBI: 0.2, Source.SUFFIX: 1.0, Source.WINDOW: 0.05,
+              Source.SHARED: 0.2}
+# What the window yields: accepted nodes of these sources.
+WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)
+PRIOR_FALL = 0.9
+PRIOR_WINDOW_VALUE = 0.02
+
+
+class AcceptanceStats:
+    def __init__(self) -> None:
+        n = len(Source)
+        self._hits = [[0.0] * (MAX_DEPTH + 1) for _ in range(n)]
+        self._expected = [[0.0] * (MAX_DEPTH + 1) for _ in range(n)]
+        for s, rate in PRIOR_RATE.items():
+            for d in range(1, MAX_DEPTH + 1):
+                self._expected[s][d] = PRIOR_WEIGHT
+                self._hits[s][d] = PRIOR_WEIGHT * rate * PRIOR_FALL ** (d - 1)
+        self._window_yield = PRIOR_WINDOW_VALUE * PRIOR_WEIGHT
+        self._window_slots = PRIOR_WEIGHT
+        # Decay without touching every entry per step: new observations weigh 1/DECAY more than the last ones.
+        self._weight = 1.0
+
+    def factor(self, source: Source, depth: int) -> float:
+        d = min(depth, MAX_DEPTH)
+        return self._hits[source][d] / self._expected[source][d]
+
+    def path_scores(self, source: Source, estimates: Sequence[float] | None, length: int) -> list[float]:
+        """Scores of a candidate path's `length` tokens (depth 1..length), given the source's own conditional
+        estimates per token (None: no estimate, 1 each)."""
+        out, p = [], 1.0
+        for d in range(1, length + 1):
+            c = 1.0 if estimates is None else estimates[d - 1]
+            p *= min(1.0, self.factor(source, d) * c)
+            out.append(p)
+        return out
+
+    @property
+    def window_value(self) -> float:
+        return self._window_yield / self._window_slots
+
+    def observe(self, tree: StepTree, accepted: Sequence[int]) -> None:
+        """One verified tree and its accepted nodes (root excluded)."""
+        self._weight /= DECAY
+        if self._weight > 1e6:
+            self._rescale()
+        w = self._weight
+        taken = set(accepted)
+        taken.add(0)
+        parents, sources, depths, estimates = tree.parents, tree.sources, tree.depths, tree.estimates
+        for u in range(1, tree.num_nodes):
+            if parents[u] in taken:
+                s, d = sources[u], min(depths[u], MAX_DEPTH)
+                self._expected[s][d] += w * estimates[u]
+                if u in taken:
+                    self._hits[s][d] += w
+        window_slots = len(tree.window_node) - 1  # (0, 0) is the root
+        if window_slots > 0:
+            self._window_slots += w * window_slots
+            self._window_yield += w * sum(1 for u in accepted if sources[u] in WINDOW_FOUND)
+
+    def _rescale(self) -> None:
+        f = 1.0 / self._weight
+        for table in (self._hits, self._expected):
+            for row in table:
+                for d in range(len(row)):
+                    row[d] *= f
+        self._window_slots *= f
+        self._window_yield *= f
+        self._weight = 1.0

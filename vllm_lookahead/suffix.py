@@ -1,0 +1,97 @@
+"""Suffix-tree candidates: what followed the current context's last tokens in this request's prompt and output, and
+in earlier requests' outputs (the suffix trees of `arctic_inference`, the library behind vLLM's `suffix` method).
+
+vLLM verifies only one linear chain of a suffix speculation; here the whole speculation tree hangs in the step tree,
+each node scored by the library's own estimate of its path's probability.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from vllm_lookahead.tree import Candidate, Source
+
+logger = logging.getLogger("vllm_lookahead")
+_said_missing = False
+
+
+class SuffixCandidates:
+    """One per engine: a local suffix tree per active request and a global one over finished requests' outputs."""
+
+    def __init__(self, max_depth: int, max_cached_requests: int, min_prob: float = 0.05) -> None:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        self.max_depth = max_depth
+        self.min_prob = min_prob
+        # max_cached_requests=0 keeps no global tree: this request's prompt and output only.
+        self._cache: Any = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached_requests)
+
+    @classmethod
+    def create(cls, max_depth: int, max_cached_requests: int) -> SuffixCandidates | None:
+        """None (said once in the log) when arctic_inference is not installed: the source is then off."""
+        global _said_missing
+        try:
+            return cls(max_depth, max_cached_requests)
+        except ImportError:
+            if not _said_missing:
+                _said_missing = True
+                logger.warning(
+                    "lookahead: suffix-tree candidates are off because arctic_inference is not installed "
+                    "(pip install 'vllm-lookahead[suffix]')"
+                )
+            return None
+
+    def start(self, req_id: Hashable, prompt: Sequence[int]) -> None:
+        cache = self._cache
+        if req_id in cache.active_requests:
+            cache.stop_request(req_id)
+        if req_id in cache.cached_requests:  # a request id seen before (preempted and resumed): start afresh
+            cache.evict_cached_response(req_id)
+        cache.start_request(req_id, np.asarray(prompt, dtype=np.int32))
+
+    def extend(self, req_id: Hashable, tokens: Sequence[int]) -> None:
+        """The request's new output tokens (they also become candidates for other requests)."""
+        if tokens:
+            self._cache.add_active_response(req_id, np.asarray(tokens, dtype=np.int32))
+
+    def stop(self, req_id: Hashable) -> None:
+        """The request ended: its prompt goes, its output stays in the global tree (up to max_cached_requests)."""
+        if req_id in self._cache.active_requests:
+            self._cache.stop_request(req_id)
+
+    def candidates(self, req_id: Hashable, context: Sequence[int], max_tokens: int) -> list[Candidate]:
+        """Root paths of the speculation tree after `context` (the sequence's last tokens, x0 included), at most
+        max_tokens nodes in all; each node scored with the library's estimate of its path's probability."""
+        if max_tokens <= 0:
+            return []
+        ctx = np.asarray(context[-self.max_depth :], dtype=np.int32)
+        draft = self._cache.speculate(
+            req_id, ctx, max_spec_tokens=max_tokens, min_token_prob=self.min_prob, use_tree_spec=True
+        )
+        return tree_to_paths(draft.token_ids, draft.parents, draft.probs)
+
+
+def tree_to_paths(tokens: Sequence[int], parents: Sequence[int], probs: Sequence[float]) -> list[Candidate]:
+    """A speculation tree (parents[i] < i, -1 under the root) as the root paths to its leaves, best leaf first."""
+    n = len(tokens)
+    is_parent = [False] * n
+    for p in parents:
+        if p >= 0:
+            is_parent[p] = True
+    paths: list[Candidate] = []
+    for leaf in sorted((i for i in range(n) if not is_parent[i]), key=lambda i: -probs[i]):
+        chain = []
+        u = leaf
+        while u >= 0:
+            chain.append(u)
+            u = parents[u]
+        chain.reverse()
+        # The library's path probabilities, and from them its conditional estimate per token.
+        path = [float(probs[u]) for u in chain]
+        conds = [min(1.0, p / q) if q > 0 else 0.0 for p, q in zip(path, [1.0, *path[:-1]], strict=True)]
+        paths.append(Candidate([int(tokens[u]) for u in chain], path, Source.SUFFIX, conds))
+    return paths
