@@ -320,6 +320,8 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
                 time_s=data["time_s"],
                 tokens_per_s=tps,
                 tokens_per_forward=out / forwards if forwards > 0 else float("nan"),
+                # draft tokens (tree nodes besides x0) per request-step: the tree size actually carried
+                drafts_per_step=spec["draft_tokens"] / forwards if forwards > 0 else float("nan"),
                 acceptance=spec["accepted_tokens"] / spec["draft_tokens"] if spec["draft_tokens"] else None,
                 accepted_per_pos=[a / drafts for a in spec["accepted_per_pos"]] if drafts else [],
                 spec_counters=spec,
@@ -347,7 +349,7 @@ def _per_pos(rates: list[float], shown: int = 8) -> str:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     head = [
         "dataset", "method", "status", "out tokens", "time s", "tokens/s", "vs none", "tokens/forward",
-        "acceptance", "accepted per position", "identical to none",
+        "drafts/step", "acceptance", "accepted per position", "identical to none",
     ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -364,6 +366,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 f"{r['tokens_per_s']:.1f}",
                 _fmt(r.get("vs_none"), ".2f"),
                 f"{r['tokens_per_forward']:.2f}",
+                f"{r['drafts_per_step']:.1f}",
                 _fmt(r["acceptance"], ".2f"),
                 _per_pos(r["accepted_per_pos"]),
                 identical,

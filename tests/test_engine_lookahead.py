@@ -143,6 +143,11 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
     assert stats["fallback_requests"] - stats_before["fallback_requests"] == kinds.count("opt-out") + 1
     assert len(got[kinds.index("sampled")]) == 32
     assert stats["live_states"] == 0
+    # every candidate source was in the trees and had nodes accepted (verified exactly: the outputs above)
+    for source in ("lookup", "pool", "suffix", "window"):
+        assert stats[f"drafted_{source}"] > stats_before[f"drafted_{source}"], source
+    for source in ("lookup", "suffix"):
+        assert stats[f"accepted_{source}"] > stats_before[f"accepted_{source}"], source
 
 
 def test_one_forward_pass_per_step(la_llm, batch):

@@ -126,3 +126,48 @@ def test_window_is_worth_what_its_ngrams_yield():
     for _ in range(2000):
         stats.observe(tree, jacobi_nodes)
     assert stats.window_value > 10 * v0
+
+
+def test_rising_acceptance_grows_trees_through_the_state():
+    """Pool candidates that keep being accepted score higher, so more of them pay at the same step cost."""
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.state import LookaheadState
+
+    params = LookaheadParams(window_size=1, ngram_size=4, guess_set_size=4, lookup_candidates=0, suffix_candidates=0)
+    stats = AcceptanceStats()
+    prompt = [7, 1, 2, 3, 7, 4, 5, 6, 7, 8, 9, 10]
+    cost = StepCost(relative_node_cost=0.05)
+
+    def size() -> int:
+        tree = LookaheadState(params, prompt, stats=stats).build_tree(7)
+        return choose_sizes([tree], [100], 1, cost, budget=100)[0]
+
+    before = size()
+    probe = build_step_tree(0, None, [Candidate([1, 2, 3], [0.3, 0.1, 0.05], Source.POOL)])
+    for _ in range(3000):
+        stats.observe(probe, [1, 2, 3])
+    assert size() > before
+
+
+def test_shared_pool_stays_within_its_bound():
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.pool import NGramPool
+    from vllm_lookahead.state import LookaheadState
+
+    params = LookaheadParams(shared_pool_keys=50, suffix_candidates=0)
+    shared = NGramPool(params.ngram_size, params.guess_set_size, params.shared_pool_keys)
+    rng = random.Random(1)
+    for r in range(5):
+        state = LookaheadState(params, [rng.randrange(1000) for _ in range(100)], shared=shared, req_id=r)
+        state.catch_up(400, lambda a, b: [rng.randrange(1000) for _ in range(b - a)])
+        tree = state.build_tree(rng.randrange(1000))
+        assert tree.num_nodes >= 1
+        state.close()
+    assert 0 < len(shared) <= 50
+    assert all(len(shared.get(k)) <= params.guess_set_size for k in shared.keys())
+    # what one request learned is a candidate for the next
+    first = LookaheadState(params, [1, 2, 3, 4], shared=shared)
+    first.catch_up(8, lambda a, b: [1, 2, 3, 4][: b - a])
+    second = LookaheadState(params, [9, 9], shared=shared)
+    tree = second.build_tree(1)
+    assert Source.SHARED in tree.sources

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("vllm_lookahead")
 
 
+SOURCE_NAMES = [s.name.lower() for s in Source if s != Source.ROOT]
+
+
 @dataclass
 class LookaheadStats:
     steps: int = 0  # target forward passes (engine steps) this runner made
@@ -53,6 +56,9 @@ class LookaheadStats:
     accepted: int = 0  # draft tokens accepted on trees
     fallback_requests: int = 0  # requests that took the plain path
     preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
+    # per candidate source (Source names): tree nodes verified, and those accepted
+    drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
+    accepted_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
 
 
 class LookaheadEngine:
@@ -211,6 +217,11 @@ class LookaheadEngine:
                 state.update(s.tree, argmax, tokens)
             if s.ours:
                 self.acceptance.observe(s.tree, accepted)
+                sources = s.tree.sources
+                for u in range(1, n):
+                    self.stats.drafted[SOURCE_NAMES[sources[u] - 1]] += 1
+                for u in accepted:
+                    self.stats.accepted_by[SOURCE_NAMES[sources[u] - 1]] += 1
             self.stats.tree_steps += 1
             self.stats.accepted += len(tokens) - 1
         if moves_src:
@@ -280,4 +291,6 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
         **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
         "window_value": engine.acceptance.window_value,
+        **{f"drafted_{k}": v for k, v in s.drafted.items()},
+        **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
     }

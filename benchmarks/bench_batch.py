@@ -1,0 +1,116 @@
+"""Speculative methods against the batch size: tokens/s vs plain decoding, and the tree size lookahead chooses.
+
+    python benchmarks/bench_batch.py                                  # concurrency 1,4,16; humaneval,sharegpt
+    python benchmarks/bench_batch.py --concurrency 1,16 --methods none,suffix,lookahead --num-prompts 16
+
+For each concurrency C it runs `bench_methods.py` (each method in its own engine, `max_num_seqs=C`, C requests in
+flight) on max(C, --num-prompts) prompts per dataset, then prints one table and saves one PNG: tokens/s relative to
+plain decoding per method, and lookahead's draft tokens per request-step (the tree size its sizing chose) against C.
+Other options (`--dtype`, `--max-tokens`, `--eager`, `--lookahead-config`, ...) pass through to bench_methods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import bench_methods as bm  # the scripts run from benchmarks/, which is on sys.path
+from _results import append_jsonl
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrent requests")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts per dataset (at least the concurrency)")
+    p.add_argument("--methods", default="none,ngram,suffix,lookahead")
+    p.add_argument("--out", default="benchmarks/results/")
+    args, rest = p.parse_known_args(argv)
+    args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    if not args.levels or min(args.levels) < 1:
+        p.error("--concurrency: positive integers")
+    return args, rest
+
+
+def run_level(args: argparse.Namespace, rest: list[str], c: int) -> list[dict[str, Any]]:
+    argv = [*rest, "--methods", args.methods, "--concurrency", str(c), "--num-prompts", str(max(c, args.num_prompts))]
+    margs = bm.parse_args(argv)
+    results = {}
+    for method in margs.method_list:
+        print(f"=== concurrency {c}: {method} ===", file=sys.stderr)
+        results[method] = bm.run_method(method, argv)
+    rows = bm.build_rows(margs, results)
+    for r in rows:
+        r["concurrency"] = c
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ["dataset", "concurrency", "method", "tokens/s", "vs none", "tokens/forward", "drafts/step", "identical"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r.get('status')} | | | | |")
+            continue
+        ident = f"{r['identical']}/{r['prompts']}" if "identical" in r else "n/a"
+        lines.append(
+            f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | "
+            f"{bm._fmt(r.get('vs_none'), '.2f')} | {r['tokens_per_forward']:.2f} | {r['drafts_per_step']:.1f} | "
+            f"{ident} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r.get("status") == "ok"]
+    datasets = sorted({r["dataset"] for r in ok})
+    methods = list(dict.fromkeys(r["method"] for r in ok))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ds, style in zip(datasets, ("-", "--", ":"), strict=False):
+        for m in methods:
+            pts = sorted((r["concurrency"], r.get("vs_none")) for r in ok if r["dataset"] == ds and r["method"] == m)
+            if m != "none" and pts:
+                axes[0].plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", label=f"{m} ({ds})")
+        la = sorted(
+            (r["concurrency"], r["drafts_per_step"]) for r in ok if r["dataset"] == ds and r["method"] == "lookahead"
+        )
+        if la:
+            axes[1].plot([p[0] for p in la], [p[1] for p in la], style, marker="o", label=ds)
+    axes[0].axhline(1.0, color="gray", lw=1)
+    axes[0].set_ylabel("tokens/s vs plain decoding")
+    axes[1].set_ylabel("lookahead draft tokens per request-step")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    rows: list[dict[str, Any]] = []
+    for c in args.levels:
+        rows += run_level(args, rest, c)
+    margs = bm.parse_args(rest)
+    title = f"{margs.dtype}, {'eager' if margs.eager else 'compiled'}, {margs.max_tokens} tokens per request"
+    print(f"\n{title}\n\n{table(rows)}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"batch_{args.methods.replace(',', '-')}_c{'-'.join(map(str, args.levels))}_{margs.dtype}"
+    plot(rows, out / f"{stem}.png", title)
+    print(f"\nchart: {out / f'{stem}.png'}")
+    append_jsonl(out / f"{stem}.jsonl", {"argv": sys.argv[1:] if argv is None else argv}, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
