@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
     p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt (greedy)")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with none)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests")
     p.add_argument(
         "--concurrency",
         type=int,
@@ -92,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
     if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1:
         p.error("--concurrency, --num-prompts and --max-tokens must be positive")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.lookahead_config is not None:
         try:
             extra = json.loads(args.lookahead_config)
@@ -153,7 +157,7 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
     from tqdm import tqdm
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
     before = spec_counters(llm)
     per_prompt: list[dict[str, Any]] = []
     token_ids: list[list[int]] = []
@@ -193,6 +197,10 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
 
 def worker(args: argparse.Namespace) -> int:
     method = args.worker
+    if args.temperature > 0:
+        # vLLM 0.32's CPU rejection sampler spreads uninitialised temperatures over the drafts (README, "Which
+        # requests use it"); lookahead never relies on it, and this fixes it for ngram and suffix too.
+        os.environ["VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"] = "1"
     if method == "none-noplugin":
         os.environ["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
@@ -329,7 +337,8 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
             )
             if base_ok:
                 row["vs_none"] = tps / (base["output_tokens"] / base["time_s"])
-                row["identical"] = sum(a == b for a, b in zip(data["token_ids"], base["token_ids"], strict=True))
+                if args.temperature == 0:  # unseeded samples differ from run to run by design
+                    row["identical"] = sum(a == b for a, b in zip(data["token_ids"], base["token_ids"], strict=True))
             rows.append(row)
     return rows
 
@@ -417,6 +426,7 @@ def run_stem(args: argparse.Namespace) -> str:
     return (
         f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}_{mode}"
         f"_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
+        + (f"_T{args.temperature:g}_p{args.top_p:g}" if args.temperature > 0 else "")
     )
 
 
@@ -440,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = build_rows(args, results)
     mode = "eager" if args.eager else "compiled"
+    how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"
     title = (
-        f"{Path(model).name}, {args.dtype}, {mode}, greedy, concurrency {args.concurrency}, "
+        f"{Path(model).name}, {args.dtype}, {mode}, {how}, concurrency {args.concurrency}, "
         f"{args.num_prompts} prompts x {args.max_tokens} tokens"
     )
     print(f"\n{title}\n")
@@ -460,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
         "max_model_len": args.max_model_len,
         "cpu_count": os.cpu_count(),
     }

@@ -1,7 +1,7 @@
 """Lookahead inside the real vLLM CPU engine on the default model (float32, where exactness is defined).
 
-One engine without speculation and one with lookahead see the same mixed batch; greedy outputs must be
-identical token for token, with fewer target forward passes than tokens.
+One engine without speculation and one with lookahead see the same mixed batch; greedy outputs, and seeded sampled
+ones, must be identical token for token, with fewer target forward passes than tokens.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _counters(llm) -> dict[str, float]:
 @pytest.fixture(scope="module")
 def batch(model_path):
     """>= 32 requests: HumanEval and ShareGPT prompts of different lengths, max_tokens, stops, EOS, one near
-    max_model_len, some opted out of lookahead, one sampled (falls back to plain decoding)."""
+    max_model_len, some opted out of lookahead, seeded sampled ones (on trees, and one opted out)."""
     from transformers import AutoTokenizer
     from vllm import SamplingParams
 
@@ -71,10 +71,21 @@ def batch(model_path):
         prompts.append(p)
         params.append(SamplingParams(temperature=0.0, max_tokens=40, extra_args={"lookahead": False}))
         kinds.append("opt-out")
-    # Sampling is not served by lookahead yet: this request falls back to plain decoding within the batch.
-    prompts.append(humaneval_prompts(22)[21])
-    params.append(SamplingParams(temperature=0.8, seed=7, max_tokens=32, ignore_eos=True))
-    kinds.append("sampled")
+    # Seeded sampling: on the tree, each token is the target's own draw with the request's generator, so the output
+    # is plain decoding's, token for token. Next to the long prompt, vLLM pads every request's drafts with zeros
+    # near max_model_len; a sampled request must stay exact through those steps too (the opted-out one as well).
+    for p, sp in zip(
+        humaneval_prompts(24)[21:],
+        (
+            SamplingParams(temperature=0.8, seed=7, max_tokens=32, ignore_eos=True),
+            SamplingParams(temperature=0.7, top_p=0.9, top_k=20, seed=11, max_tokens=32, ignore_eos=True),
+            SamplingParams(temperature=1.0, seed=3, max_tokens=24, ignore_eos=True, extra_args={"lookahead": False}),
+        ),
+        strict=True,
+    ):
+        prompts.insert(kinds.index("long") + 1, p)
+        params.insert(kinds.index("long") + 1, sp)
+        kinds.insert(kinds.index("long") + 1, "sampled opt-out" if sp.extra_args else "sampled")
     return prompts, params, kinds
 
 
@@ -109,11 +120,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
     stats_before = la_llm.collective_rpc("lookahead_stats")[0]
     outs = la_llm.generate(prompts, params, use_tqdm=False)
     got = [list(o.outputs[0].token_ids) for o in outs]
-    mismatched = [
-        (i, kinds[i])
-        for i, (a, b) in enumerate(zip(got, plain_outputs, strict=True))
-        if a != b and kinds[i] != "sampled"
-    ]
+    mismatched = [(i, kinds[i]) for i, (a, b) in enumerate(zip(got, plain_outputs, strict=True)) if a != b]
     if mismatched:
         from transformers import AutoTokenizer
 
@@ -123,8 +130,17 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
         for i, _ in mismatched:
             a, b = got[i], plain_outputs[i]
             j = next((t for t in range(min(len(a), len(b))) if a[t] != b[t]), min(len(a), len(b)))
-            print("DIVERGE", i, kinds[i], j, len(a), len(b), repr(tk.decode(a[max(0, j - 5) : j + 5])), "|||",
-                  repr(tk.decode(b[max(0, j - 5) : j + 5])))
+            print(
+                "DIVERGE",
+                i,
+                kinds[i],
+                j,
+                len(a),
+                len(b),
+                repr(tk.decode(a[max(0, j - 5) : j + 5])),
+                "|||",
+                repr(tk.decode(b[max(0, j - 5) : j + 5])),
+            )
     assert not mismatched, f"outputs differ from plain decoding for {mismatched}"
     # The batch exercised what it claims: stop strings, EOS, length limits and the long prompt.
     reasons = {o.outputs[0].finish_reason for o in outs}
@@ -140,9 +156,11 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
     assert accepted > 0.2 * generated  # lookahead did accept drafts, vLLM's counters saw them
     assert stats["accepted"] - stats_before["accepted"] >= accepted  # overshoot past a stop is cut by vLLM
     # opt-out requests took the plain path; no per-request state outlives its request.
-    assert stats["fallback_requests"] - stats_before["fallback_requests"] == kinds.count("opt-out") + 1
-    assert len(got[kinds.index("sampled")]) == 32
+    opted_out = kinds.count("opt-out") + kinds.count("sampled opt-out")
+    assert stats["fallback_requests"] - stats_before["fallback_requests"] == opted_out
     assert stats["live_states"] == 0
+    # the sampled requests were served on trees: more than one token per forward pass for them
+    assert stats["sampled_accepted"] > stats_before["sampled_accepted"]
     # every candidate source was in the trees and had nodes accepted (verified exactly: the outputs above)
     for source in ("lookup", "pool", "suffix", "window"):
         assert stats[f"drafted_{source}"] > stats_before[f"drafted_{source}"], source

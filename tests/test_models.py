@@ -41,9 +41,7 @@ def test_chat_template_and_tokenizer(model_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_path)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert "<|im_start|>assistant" in text
     assert tok.decode(tok.encode("def add(a, b):")).endswith("def add(a, b):")
 

@@ -102,9 +102,7 @@ class _ReferencePool:
     n=st.integers(2, 4),
     g=st.integers(0, 4),
     max_keys=st.integers(1, 5),
-    ops=st.lists(
-        st.tuples(st.integers(0, 6), st.lists(st.integers(0, 2), min_size=3, max_size=3)), max_size=60
-    ),
+    ops=st.lists(st.tuples(st.integers(0, 6), st.lists(st.integers(0, 2), min_size=3, max_size=3)), max_size=60),
 )
 def test_matches_reference_model(n, g, max_keys, ops):
     pool = NGramPool(n, g, max_keys=max_keys)

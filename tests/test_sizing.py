@@ -42,8 +42,11 @@ def test_by_score_keeps_the_tree_and_puts_the_best_first(cands, k):
     assert sorted(best.truncate(k).scores, reverse=True) == sorted(tree.scores, reverse=True)[:k]
     for c in cands:
         for d in range(len(c.tokens)):
-            node = next(u for u in range(best.num_nodes) if best.path(u)[1:] and
-                        [best.tokens[v] for v in best.path(u)[1:]] == list(c.tokens[: d + 1]))
+            node = next(
+                u
+                for u in range(best.num_nodes)
+                if best.path(u)[1:] and [best.tokens[v] for v in best.path(u)[1:]] == list(c.tokens[: d + 1])
+            )
             assert best.scores[node] >= c.scores[d]
 
 

@@ -170,9 +170,7 @@ def test_sampling_with_one_hot_target_through_state_is_greedy():
     while len(out) < 100:
         tree = state.build_tree(x0)
         base = [*context, x0]
-        argmax = [
-            periodic_target(base + [tree.tokens[v] for v in tree.path(u)[1:]]) for u in range(tree.num_nodes)
-        ]
+        argmax = [periodic_target(base + [tree.tokens[v] for v in tree.path(u)[1:]]) for u in range(tree.num_nodes)]
         probs = torch.nn.functional.one_hot(torch.tensor(argmax), 10).float()
         _, toks = sample_verify(tree, probs, gen)
         state.update(tree, argmax, toks)

@@ -170,9 +170,7 @@ def test_merged_and_unmerged_have_same_root_paths(inp):
     assert merged.num_nodes == len(paths_m) <= unmerged.num_nodes
     # Slot and candidate maps name the same root paths in both.
     for s in merged.window_node:
-        assert _root_path_tokens(merged, merged.window_node[s]) == _root_path_tokens(
-            unmerged, unmerged.window_node[s]
-        )
+        assert _root_path_tokens(merged, merged.window_node[s]) == _root_path_tokens(unmerged, unmerged.window_node[s])
 
 
 @settings(max_examples=150, deadline=None)

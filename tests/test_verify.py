@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from vllm_lookahead import verify as verify_module
 from vllm_lookahead.tree import StepTree, build_step_tree
-from vllm_lookahead.verify import greedy_verify, sample_verify
+from vllm_lookahead.verify import draw_verify, greedy_verify, sample_verify
 from vllm_lookahead.window import JacobiWindow
 
 
@@ -289,8 +289,7 @@ def test_one_hot_sampling_equals_greedy(tree, seed):
     nodes, toks = sample_verify(tree, probs, gen)
     g_nodes, g_toks = greedy_verify(tree, argmax)
     merged = all(
-        len({tree.tokens[c] for c in tree.children(u)}) == len(tree.children(u))
-        for u in range(tree.num_nodes)
+        len({tree.tokens[c] for c in tree.children(u)}) == len(tree.children(u)) for u in range(tree.num_nodes)
     )
     if merged:
         assert (nodes, toks) == (g_nodes, g_toks)
@@ -302,10 +301,7 @@ def test_one_hot_sampling_equals_greedy(tree, seed):
 def test_sample_verify_seeded_reproducible_and_shape_checked():
     tree, probs, _ = _fixed_case(True)
     probs_t = torch.tensor(probs)
-    runs = [
-        [sample_verify(tree, probs_t, torch.Generator().manual_seed(s))[1] for s in range(40)]
-        for _ in range(2)
-    ]
+    runs = [[sample_verify(tree, probs_t, torch.Generator().manual_seed(s))[1] for s in range(40)] for _ in range(2)]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs[0]}) > 1
     with pytest.raises(ValueError, match="probs must be"):
@@ -329,3 +325,44 @@ def test_sample_row_inverse_cdf_never_picks_zero_mass():
         assert verify_module._sample_row(probs[0], 0.0, None) == 2
     assert verify_module._sample_row(probs[1], 0.0999, None) == 0
     assert verify_module._sample_row(probs[1], 0.1001, None) == 4
+
+
+def test_draw_verify_follows_the_targets_own_draws():
+    # root 0 -> 1 (token 5) -> 3 (token 7); root -> 2 (token 6)
+    tree = StepTree(tokens=[9, 5, 6, 7], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2])
+    calls: list[int] = []
+
+    def draws(values):
+        it = iter(values)
+
+        def draw(u: int) -> int:
+            calls.append(u)
+            return next(it)
+
+        return draw
+
+    assert draw_verify(tree, draws([5, 7, 4])) == ([1, 3], [5, 7, 4])
+    assert calls == [0, 1, 3]  # one draw per output token, at the node reached
+    calls.clear()
+    assert draw_verify(tree, draws([6, 1])) == ([2], [6, 1])
+    assert draw_verify(tree, draws([8])) == ([], [8])  # no child carries the draw: one token, as plain decoding
+
+
+def test_draw_verify_output_is_the_draws_whatever_the_tree():
+    # The output is the sequence of draws, cut where a draw is no child's token of the node reached, so its
+    # distribution is the target's whatever the tree holds.
+    tree = StepTree(tokens=[0, 1, 2, 1, 2, 1], parents=[-1, 0, 0, 1, 1, 3], depths=[0, 1, 1, 2, 2, 3])
+    child = {(0, 1): 1, (0, 2): 2, (1, 1): 3, (1, 2): 4, (3, 1): 5}
+    for seed in range(50):
+        rng = random.Random(seed)
+        seq = [rng.choice([1, 2, 3]) for _ in range(6)]
+        it = iter(seq)
+        accepted, out = draw_verify(tree, lambda u, it=it: next(it))
+        u, want = 0, []
+        for t in seq:
+            want.append(t)
+            if (u, t) not in child:
+                break
+            u = child[(u, t)]
+        assert out == want
+        assert [tree.tokens[a] for a in accepted] == want[:-1]

@@ -58,7 +58,7 @@ def test_concrete_warmup_then_steady_n4():
     assert win.rows == [[10, 2, 3], [2, 3, 4]]
     assert win.step(20, [0, 0, 0]) == []  # warm-up 2: only the last row's outputs matter
     assert win.rows == [[20, 3], [3, 4], [0, 0]]
-    assert (win.fill == win.ngram_size - 2)
+    assert win.fill == win.ngram_size - 2
     win.set_x0(30)
     ngrams = win.step(40, [7, 8])
     assert ngrams == [(30, (3, 0, 7)), (3, (4, 0, 8))]

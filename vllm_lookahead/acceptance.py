@@ -23,8 +23,14 @@ PRIOR_WEIGHT = 20.0
 # Each observation's weight decays by this factor per step: about a thousand steps of memory.
 DECAY = 0.999
 # Conditional acceptance of a depth-1 node before anything was observed, and its fall per level.
-PRIOR_RATE = {Source.LOOKUP: 0.5, Source.POOL: 0.3, Source.JACOBI: 0.2, Source.SUFFIX: 1.0, Source.WINDOW: 0.05,
-              Source.SHARED: 0.2}
+PRIOR_RATE = {
+    Source.LOOKUP: 0.5,
+    Source.POOL: 0.3,
+    Source.JACOBI: 0.2,
+    Source.SUFFIX: 1.0,
+    Source.WINDOW: 0.05,
+    Source.SHARED: 0.2,
+}
 # What the window yields: accepted nodes of these sources.
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)
 PRIOR_FALL = 0.9

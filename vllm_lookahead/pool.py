@@ -44,9 +44,7 @@ class NGramPool:
         if self.guess_set_size == 0:
             return
         if len(value) != self.ngram_size - 1:
-            raise ValueError(
-                f"lookahead: pool value must have {self.ngram_size - 1} tokens (got {len(value)})"
-            )
+            raise ValueError(f"lookahead: pool value must have {self.ngram_size - 1} tokens (got {len(value)})")
         table = self._table
         values = table.get(key)
         if values is None:

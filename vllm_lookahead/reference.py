@@ -35,9 +35,7 @@ def _keep_kv(cache: Any, prefix_len: int, keep: list[int]) -> None:
     for layer in cache.layers:
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            setattr(
-                layer, name, torch.cat([t[:, :, :prefix_len], t.index_select(2, idx.to(t.device))], dim=2)
-            )
+            setattr(layer, name, torch.cat([t[:, :, :prefix_len], t.index_select(2, idx.to(t.device))], dim=2))
 
 
 @torch.inference_mode()

@@ -113,9 +113,7 @@ class JacobiWindow:
         if complete:
             ngrams = list(zip(keys, columns, strict=True))
         else:
-            ngrams = [
-                (key, col) for key, col, o in zip(keys, columns, last_outputs, strict=True) if o is not None
-            ]
+            ngrams = [(key, col) for key, col, o in zip(keys, columns, last_outputs, strict=True) if o is not None]
         # Shift up: new (r, i) at p+1+r+i is old (r+1, i); the outputs become the last row; row 0 keeps
         # x0_new at column 0 instead of the old row 1's column 0.
         nxt = rows[1:]

@@ -8,12 +8,19 @@ replacement is a pass-through unless the engine was started with `method: "looka
 
 from __future__ import annotations
 
-from vllm_lookahead.patches import attention, cli, model_runner, speculative_config
+from vllm_lookahead.patches import attention, cli, cpu_sampling, model_runner, scheduler, speculative_config
 from vllm_lookahead.patches.base import Patch, applied, apply, original, revert
 
 __all__ = ["PATCHES", "Patch", "applied", "apply_all", "original", "revert_all"]
 
-PATCHES: list[Patch] = [*speculative_config.PATCHES, *cli.PATCHES, *model_runner.PATCHES, *attention.PATCHES]
+PATCHES: list[Patch] = [
+    *speculative_config.PATCHES,
+    *cli.PATCHES,
+    *model_runner.PATCHES,
+    *attention.PATCHES,
+    *cpu_sampling.PATCHES,
+    *scheduler.PATCHES,
+]
 
 
 def apply_all() -> None:

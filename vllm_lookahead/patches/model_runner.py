@@ -5,7 +5,7 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 - `__init__`: a lookahead config builds the runner as for a `custom_class` drafter (our LookaheadDrafter, so vLLM
   keeps its list-based draft flow and rejection sampler), then attaches a LookaheadEngine;
 - `_update_states` -> `drop_requests`; `_prepare_inputs` -> `begin_step`; `_model_forward` -> `forward_scope`;
-  `_sample` -> `finish_step`; `propose_draft_token_ids` -> `propose`;
+  `_sample` -> `sample`; `propose_draft_token_ids` -> `propose`;
 - `WorkerBase.lookahead_stats` (added): `LLM.collective_rpc("lookahead_stats")` reads the counters.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from vllm_lookahead.engine import LookaheadEngine, worker_stats
 from vllm_lookahead.patches.base import Patch
+from vllm_lookahead.patches.cpu_sampling import sampling_scope
 from vllm_lookahead.patches.speculative_config import METHOD, lookahead_params
 
 DRAFTER_CLASS = "vllm_lookahead.drafter.LookaheadDrafter"
@@ -74,11 +75,11 @@ def _model_forward(original):
 
 def _sample(original):
     def _sample(self, logits, spec_decode_metadata):
-        sampler_output = original(self, logits, spec_decode_metadata)
         engine = getattr(self, "_lookahead", None)
-        if engine is not None:
-            engine.finish_step(self, logits, spec_decode_metadata, sampler_output)
-        return sampler_output
+        if engine is None:
+            return original(self, logits, spec_decode_metadata)
+        with sampling_scope():  # vLLM's CPU rejection sampler needs patches/cpu_sampling.py's fix
+            return engine.sample(self, original, logits, spec_decode_metadata)
 
     return _sample
 
