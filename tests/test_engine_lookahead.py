@@ -66,6 +66,18 @@ def batch(model_path):
     prompts.append({"prompt_token_ids": long_ids})
     params.append(SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True))
     kinds.append("long")
+    # Logprobs: served on trees, each accepted token's logprobs from the node that verified it.
+    for p, sp in zip(
+        humaneval_prompts(26)[24:],
+        (
+            SamplingParams(temperature=0.0, max_tokens=48, logprobs=3),
+            SamplingParams(temperature=0.9, top_p=0.95, seed=5, max_tokens=32, logprobs=2, ignore_eos=True),
+        ),
+        strict=True,
+    ):
+        prompts.append(p)
+        params.append(sp)
+        kinds.append("logprobs")
     # Per-request opt-out, mixed into the same batch.
     for p in humaneval_prompts(21)[18:]:
         prompts.append(p)
@@ -90,14 +102,18 @@ def batch(model_path):
 
 
 @pytest.fixture(scope="module")
-def plain_outputs(model_path, batch):
+def plain_generation(model_path, batch):
     prompts, params, _ = batch
     llm = make_llm(model_path, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
     try:
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outs]
+        return llm.generate(prompts, params, use_tqdm=False)
     finally:
         del llm
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(plain_generation):
+    return [list(o.outputs[0].token_ids) for o in plain_generation]
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +129,7 @@ def la_llm(model_path):
     del llm
 
 
-def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
+def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, plain_generation):
     prompts, params, kinds = batch
     assert len(prompts) >= 32
     before = _counters(la_llm)
@@ -142,6 +158,15 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs):
                 repr(tk.decode(b[max(0, j - 5) : j + 5])),
             )
     assert not mismatched, f"outputs differ from plain decoding for {mismatched}"
+    # Logprobs requests: the same top tokens with the same values (float32 noise aside) at every position.
+    for i in (i for i, k in enumerate(kinds) if k == "logprobs"):
+        got_lp, want_lp = outs[i].outputs[0].logprobs, plain_generation[i].outputs[0].logprobs
+        assert got_lp is not None and len(got_lp) == len(want_lp) == len(got[i])
+        for pos, (a, b) in enumerate(zip(got_lp, want_lp, strict=True)):
+            assert a.keys() == b.keys(), (i, pos)
+            for tok in a:
+                assert abs(a[tok].logprob - b[tok].logprob) < 1e-3, (i, pos, tok)
+                assert a[tok].rank == b[tok].rank, (i, pos, tok)
     # The batch exercised what it claims: stop strings, EOS, length limits and the long prompt.
     reasons = {o.outputs[0].finish_reason for o in outs}
     assert {"stop", "length"} <= reasons

@@ -366,3 +366,69 @@ def test_draw_verify_output_is_the_draws_whatever_the_tree():
             u = child[(u, t)]
         assert out == want
         assert [tree.tokens[a] for a in accepted] == want[:-1]
+
+
+def _truncated(row, top_k=None, top_p=None):
+    """A distribution cut to its top-k tokens and / or its smallest top-p nucleus, renormalised (as samplers do)."""
+    order = sorted(range(len(row)), key=lambda x: -row[x])
+    keep = set(order[:top_k] if top_k else order)
+    if top_p is not None:
+        mass, nucleus = 0.0, set()
+        for x in order:
+            nucleus.add(x)
+            mass += row[x]
+            if mass >= top_p:
+                break
+        keep &= nucleus
+    s = sum(row[x] for x in keep)
+    return [row[x] / s if x in keep else 0.0 for x in range(len(row))]
+
+
+class _NeedDraw(Exception):
+    def __init__(self, node):
+        self.node = node
+
+
+def exact_draw_distribution(tree, probs):
+    """Output distribution of draw_verify itself when the draw at node u follows probs[u]: every sequence of
+    draws is enumerated, each run through draw_verify, weighted by its probability."""
+    out = defaultdict(float)
+    stack = [((), 1.0)]
+    while stack:
+        seq, pr = stack.pop()
+        made = iter(seq)
+
+        def draw(u, made=made):
+            x = next(made, None)
+            if x is None:
+                raise _NeedDraw(u)
+            return x
+
+        try:
+            _, toks = draw_verify(tree, draw)
+        except _NeedDraw as need:
+            stack.extend((seq + (x,), pr * px) for x, px in enumerate(probs[need.node]) if px > 0)
+            continue
+        out[tuple(toks)] += pr
+    return dict(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    tree=step_trees(), seed=st.integers(0, 10**6), cut=st.sampled_from([(None, None), (2, None), (None, 0.7), (3, 0.8)])
+)
+def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
+    vocab = 4
+    base = Target(seed, vocab)
+
+    def target(ctx):
+        return _truncated(base(ctx), *cut)
+
+    dist = exact_draw_distribution(tree, _node_probs(tree, target))
+    assert math.isclose(sum(dist.values()), 1.0, abs_tol=1e-12)
+    length = max(tree.depths) + 1
+    got = _extend_to(dist, target, tree.tokens[0], length)
+    want = _autoregressive(target, tree.tokens[0], length, vocab)
+    assert set(got) <= set(want)
+    for y, p in want.items():
+        assert math.isclose(got.get(y, 0.0), p, abs_tol=1e-12), y

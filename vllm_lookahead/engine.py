@@ -42,7 +42,7 @@ from vllm_lookahead.verify import draw_verify, greedy_verify
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.outputs import SamplerOutput
+    from vllm.v1.outputs import LogprobsTensors, SamplerOutput
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.sampler import Sampler
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -114,7 +114,7 @@ class LookaheadEngine:
             req_state = runner.requests.get(req_id)
             if req_state is None:
                 return False
-            reason = ineligible_reason(req_state.sampling_params)
+            reason = ineligible_reason(req_state.sampling_params, logprobs_mode=runner.sampler.logprobs_mode)
             ok = self._eligible[req_id] = reason is None
             if not ok:
                 self.stats.fallback_requests += 1
@@ -172,7 +172,8 @@ class LookaheadEngine:
         if req_state is None or req_state.sampling_params is None:
             return False
         sp = req_state.sampling_params
-        return sp.temperature < GREEDY_EPS and ineligible_reason(sp, honour_opt_out=False) is None
+        reason = ineligible_reason(sp, honour_opt_out=False, logprobs_mode=runner.sampler.logprobs_mode)
+        return sp.temperature < GREEDY_EPS and reason is None
 
     def forward_scope(self) -> AbstractContextManager[None]:
         """The attention path sees this step's trees while the forward pass runs, and only then."""
@@ -190,21 +191,22 @@ class LookaheadEngine:
         A step with drafts does not run vLLM's rejection sampler: every request's first row (x0's) is sampled by
         vLLM's own sampler, exactly as plain decoding samples it, and `finish_step` extends the requests that
         carry a tree. Requests with drafts this engine did not make keep that one token (vLLM's zero padding near
-        max_model_len). vLLM's rejection sampler still runs for batches with logprobs and for async scheduling.
+        max_model_len). Logprobs come from each output token's own row (for a tree, the node it was verified at).
+        vLLM's rejection sampler still runs for batches with `logprob_token_ids` and for async scheduling.
         A step without a single draft token is sampled as vLLM samples without speculation: vLLM 0.32's rejection
         sampler fails on CPU on such a step when a request uses top-k (`apply_top_k_only` on an empty tensor).
         """
         if spec_md is not None and not any(spec_md.num_draft_tokens):
             spec_md = None
         md = runner.input_batch.sampling_metadata
-        own = spec_md is not None and not (
-            md.max_num_logprobs is not None or md.logprob_token_ids or runner.use_async_scheduling
-        )
+        own = spec_md is not None and not (md.logprob_token_ids or runner.use_async_scheduling)
         if own:
             sampler_output = self._sample_first_rows(runner, logits, spec_md)
         else:
             sampler_output = vllm_sample(runner, logits, spec_md)
-        self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own)
+        paths = self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own)
+        if own and md.max_num_logprobs is not None:
+            sampler_output.logprobs_tensors = _logprobs(runner, logits, spec_md, sampler_output, paths)
         return sampler_output
 
     @staticmethod
@@ -225,16 +227,19 @@ class LookaheadEngine:
         spec_md: SpecDecodeMetadata | None,
         sampler_output: SamplerOutput,
         first_rows_sampled: bool = False,
-    ) -> None:
+    ) -> dict[int, list[int]]:
         """Verify every scheduled tree, fix the sampler output and the KV cache, advance windows and pools.
-        first_rows_sampled: column 0 of the sampler output holds vLLM's draw at each request's x0 row."""
+        first_rows_sampled: column 0 of the sampler output holds vLLM's draw at each request's x0 row.
+        Returns each verified request's path (input batch index -> tree nodes of its output tokens, root first)."""
         step, self.step = self.step, None
+        paths: dict[int, list[int]] = {}
         if step is not None and step.scheduled and spec_md is not None:
-            self._verify(runner, step, logits, spec_md, sampler_output, first_rows_sampled)
+            paths = self._verify(runner, step, logits, spec_md, sampler_output, first_rows_sampled)
         if self._step_start is not None:
             start, tokens = self._step_start
             self.cost.observe(tokens, time.perf_counter() - start)
             self._step_start = None
+        return paths
 
     def _verify(
         self,
@@ -244,7 +249,7 @@ class LookaheadEngine:
         spec_md: SpecDecodeMetadata,
         sampler_output: SamplerOutput,
         first_rows_sampled: bool,
-    ) -> None:
+    ) -> dict[int, list[int]]:
         from vllm.v1.sample.sampler import Sampler
 
         md = runner.input_batch.sampling_metadata
@@ -254,6 +259,7 @@ class LookaheadEngine:
         slot_mapping = runner.input_batch.block_table[0].slot_mapping.cpu
         moves_src: list[int] = []
         moves_dst: list[int] = []
+        paths: dict[int, list[int]] = {}
         for s in step.scheduled:
             n = s.tree.num_nodes
             row0 = cu_draft[s.req_index] - num_draft[s.req_index] + s.req_index  # logits: drafts + bonus per request
@@ -269,6 +275,7 @@ class LookaheadEngine:
                 accepted, tokens = draw_verify(s.tree, partial(_draw_at, runner.sampler, md, s.req_index, rows, first))
             out[s.req_index].fill_(-1)
             out[s.req_index, : len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+            paths[s.req_index] = [0, *accepted]
             for d, u in enumerate(accepted, start=1):
                 if u != d:  # node u sits at the slot of position P+u; vLLM expects depth d at P+d
                     moves_src.append(int(slot_mapping[s.q_start + u]))
@@ -289,6 +296,7 @@ class LookaheadEngine:
                 self.stats.sampled_accepted += len(tokens) - 1
         if moves_src:
             kv_relocation.move_kv_slots(kv_relocation.attention_layers(runner), moves_src, moves_dst)
+        return paths
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
@@ -368,3 +376,33 @@ def _draw_at(
     if u == 0 and first is not None:
         return first
     return draw(sampler, rows[u], md, req_index)
+
+
+def _logprobs(
+    runner: GPUModelRunner,
+    logits: torch.Tensor,
+    spec_md: SpecDecodeMetadata,
+    sampler_output: SamplerOutput,
+    paths: dict[int, list[int]],
+) -> LogprobsTensors:
+    """Logprobs in the layout vLLM's rejection sampler returns ([requests x (max_spec_len + 1)] rows, rejected
+    places dropped later by vLLM): output token j of a request comes from its row j, of a tree request from the row
+    of node path[j]. Raw modes only (eligibility.RAW_LOGPROBS_MODES): the target's logits there, as plain decoding."""
+    from vllm.v1.outputs import LogprobsTensors
+
+    sampler = runner.sampler
+    sampled = sampler_output.sampled_token_ids
+    num_reqs, width = sampled.shape
+    num_draft = torch.tensor(spec_md.num_draft_tokens, dtype=torch.long)
+    start = spec_md.cu_num_draft_tokens.long() - num_draft + torch.arange(num_reqs)
+    offsets = torch.arange(width).expand(num_reqs, width).clone()
+    for i, path in paths.items():
+        offsets[i, : len(path)] = torch.tensor(path)
+    rows = (start.unsqueeze(1) + offsets).flatten().clamp_(max=logits.shape[0] - 1)
+    chosen = logits[rows].to(torch.float32)
+    values = chosen if sampler.logprobs_mode == "raw_logits" else sampler.compute_logprobs(chosen)
+    tokens = sampled.flatten().clamp(min=0).long()  # -1 (rejected places) -> 0, dropped by vLLM
+    k = runner.input_batch.sampling_metadata.max_num_logprobs
+    if k == -1:
+        return LogprobsTensors(torch.empty(0), values, torch.empty(0))
+    return sampler.gather_logprobs(values, k, tokens)
