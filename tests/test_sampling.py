@@ -118,6 +118,10 @@ def test_lookahead_samples_follow_the_plain_distribution(samples, prompt, key):
     for pos in range(1, MAX_TOKENS):
         p = chi_square_p([s[pos] for s in la], [s[pos] for s in plain])
         assert p > 0.001 / MAX_TOKENS, (key, prompt, pos, p)
+    # conditioned on a fixed prefix (the most common first token): the next token's distribution
+    first = Counter(s[0] for s in plain).most_common(1)[0][0]
+    p_cond = chi_square_p([s[1] for s in la if s[0] == first], [s[1] for s in plain if s[0] == first])
+    assert p_cond > 0.001, (key, prompt, first, p_cond)
 
 
 def test_sampled_requests_were_verified_on_trees(samples):
