@@ -142,6 +142,18 @@ def _autoregressive(target, root, length, vocab):
     return out
 
 
+def assert_step_is_autoregressive(dist, tree, target, vocab):
+    """One step's output distribution, continued autoregressively to the tree's depth + 1 tokens, equals
+    autoregressive sampling from the target over that many tokens."""
+    assert math.isclose(sum(dist.values()), 1.0, abs_tol=1e-12)
+    length = max(tree.depths) + 1
+    got = _extend_to(dist, target, tree.tokens[0], length)
+    want = _autoregressive(target, tree.tokens[0], length, vocab)
+    assert set(got) <= set(want)
+    for y, p in want.items():
+        assert math.isclose(got.get(y, 0.0), p, abs_tol=1e-12), y
+
+
 def _chi2_critical(df, z=5.0):
     # Wilson-Hilferty approximation of the chi-square quantile at a ~3e-7 upper tail: generous on purpose.
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
@@ -194,14 +206,7 @@ def test_exact_step_distribution_is_autoregressive(tree, seed):
     vocab = 4
     target = Target(seed, vocab)
     probs = _node_probs(tree, target)
-    dist = exact_step_distribution(tree, probs)
-    assert math.isclose(sum(dist.values()), 1.0, abs_tol=1e-12)
-    length = max(tree.depths) + 1
-    got = _extend_to(dist, target, tree.tokens[0], length)
-    want = _autoregressive(target, tree.tokens[0], length, vocab)
-    assert set(got) <= set(want)
-    for y, p in want.items():
-        assert math.isclose(got.get(y, 0.0), p, abs_tol=1e-12), y
+    assert_step_is_autoregressive(exact_step_distribution(tree, probs), tree, target, vocab)
 
 
 def _fixed_case(merge):
@@ -424,11 +429,4 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
     def target(ctx):
         return _truncated(base(ctx), *cut)
 
-    dist = exact_draw_distribution(tree, _node_probs(tree, target))
-    assert math.isclose(sum(dist.values()), 1.0, abs_tol=1e-12)
-    length = max(tree.depths) + 1
-    got = _extend_to(dist, target, tree.tokens[0], length)
-    want = _autoregressive(target, tree.tokens[0], length, vocab)
-    assert set(got) <= set(want)
-    for y, p in want.items():
-        assert math.isclose(got.get(y, 0.0), p, abs_tol=1e-12), y
+    assert_step_is_autoregressive(exact_draw_distribution(tree, _node_probs(tree, target)), tree, target, vocab)
