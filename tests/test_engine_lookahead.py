@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_llm
+from vllm_lookahead import tree_kernel
 from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
@@ -184,6 +185,10 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     opted_out = kinds.count("opt-out") + kinds.count("sampled opt-out")
     assert stats["fallback_requests"] - stats_before["fallback_requests"] == opted_out
     assert stats["live_states"] == 0
+    # the tree rows went through the compiled kernel (its reference, the plain-torch path, is tested against it)
+    if tree_kernel.load() is not None:
+        assert stats["kernel_attention_steps"] > stats_before["kernel_attention_steps"]
+        assert stats["reference_attention_steps"] == stats_before["reference_attention_steps"]
     # the sampled requests were served on trees: more than one token per forward pass for them
     assert stats["sampled_accepted"] > stats_before["sampled_accepted"]
     # every candidate source was in the trees and had nodes accepted (verified exactly: the outputs above)

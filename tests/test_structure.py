@@ -13,7 +13,18 @@ from vllm_lookahead.config import LookaheadParams
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "vllm_lookahead"
 CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup", "suffix", "acceptance", "sizing"}
-GLUE = {"cpu_kv_cache", "tree_attention", "kv_relocation", "step", "engine", "eligibility", "drafter"}
+GLUE = {
+    "cpu_kv_cache",
+    "tree_attention",
+    "tree_attention_plan",
+    "tree_kernel",
+    "attention_path",
+    "kv_relocation",
+    "step",
+    "engine",
+    "eligibility",
+    "drafter",
+}
 
 
 def _module_name(path: Path) -> str:

@@ -46,7 +46,7 @@ def test_tree_attention_matches_dense_masked_attention():
     query = torch.randn(q_start + n + 3, heads, d)
     output = torch.full((q_start + n + 3, heads * d), 7.0)
     mask = tree.ancestor_mask()
-    rows = TreeRows(q_start=q_start, num_nodes=n, seq_len=seq_len, block_ids=block_ids, mask=mask)
+    rows = TreeRows(req_index=1, q_start=q_start, num_nodes=n, seq_len=seq_len, block_ids=block_ids, mask=mask)
     apply_tree_attention(query, kc, vc, output, [rows], scale=0.125)
 
     assert torch.all(output[:q_start] == 7.0) and torch.all(output[q_start + n :] == 7.0)

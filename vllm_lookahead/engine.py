@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead import kv_relocation
+from vllm_lookahead import attention_path, kv_relocation
 from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.eligibility import ineligible_reason
@@ -62,6 +62,8 @@ class LookaheadStats:
     sampled_accepted: int = 0  # of those, accepted for sampled (temperature > 0) requests
     fallback_requests: int = 0  # requests that took the plain path
     preemptions: int = 0  # requests preempted (their state dropped, rebuilt on their next decode step)
+    kernel_attention_steps: int = 0  # steps whose tree rows the compiled kernel computed
+    reference_attention_steps: int = 0  # steps whose tree rows the plain-torch path recomputed
     # per candidate source (Source names): tree nodes verified, and those accepted
     drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
     accepted_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
@@ -164,7 +166,9 @@ class LookaheadEngine:
             if not tree.is_chain:
                 n = tree.num_nodes
                 positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype) + prefix_len
-                step.attention_rows.append(TreeRows(q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask()))
+                step.attention_rows.append(
+                    TreeRows(idx, q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
+                )
 
     @staticmethod
     def _plain_greedy(runner: GPUModelRunner, req_id: str) -> bool:
@@ -235,6 +239,11 @@ class LookaheadEngine:
         paths: dict[int, list[int]] = {}
         if step is not None and step.scheduled and spec_md is not None:
             paths = self._verify(runner, step, logits, spec_md, sampler_output, first_rows_sampled)
+        if step is not None and step.attention_plans:
+            if attention_path.used_kernel(step):
+                self.stats.kernel_attention_steps += 1
+            else:
+                self.stats.reference_attention_steps += 1
         if self._step_start is not None:
             start, tokens = self._step_start
             self.cost.observe(tokens, time.perf_counter() - start)
@@ -357,6 +366,8 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         "sampled_accepted": s.sampled_accepted,
         "fallback_requests": s.fallback_requests,
         "preemptions": s.preemptions,
+        "kernel_attention_steps": s.kernel_attention_steps,
+        "reference_attention_steps": s.reference_attention_steps,
         "live_states": len(engine.states),
         # the step-cost line the tree sizing uses (seconds, or relative units if fixed by node_cost)
         "step_cost_fixed": engine.cost.line()[0],

@@ -49,7 +49,7 @@ MODELS: dict[str, ModelSource] = {
 
 
 def cache_root() -> Path:
-    """Where prepared models live: $VLLM_LOOKAHEAD_CACHE, else $XDG_CACHE_HOME/vllm-lookahead."""
+    """Where prepared models (and built kernels) live: $VLLM_LOOKAHEAD_CACHE, else $XDG_CACHE_HOME/vllm-lookahead."""
     if env := os.environ.get("VLLM_LOOKAHEAD_CACHE"):
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

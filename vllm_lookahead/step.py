@@ -6,7 +6,7 @@ Life of a step (engine.py drives it; every vLLM hook calls one engine method):
 2. `_prepare_inputs` (step k): `schedule` matches vLLM's scheduled drafts to those trees (the scheduler may cut a
    tree to a prefix of its nodes), and records each tree's rows, positions and block table: `ScheduledTree`.
 3. `_model_forward`: the step is handed to the attention path for the duration of the forward pass only
-   (`forward_scope`), which reads `attention_rows`.
+   (`forward_scope`), which reads `attention_rows` (and keeps its per-step attention plans here).
 4. `_sample`: the trees are verified, the KV and the per-request state updated, and the step is closed.
 A step lives for one engine step; nothing of it is matched again later.
 """
@@ -38,6 +38,7 @@ class LookaheadStep:
     proposed: dict[str, StepTree]  # request id -> the tree whose drafts were handed to vLLM
     scheduled: list[ScheduledTree] = field(default_factory=list)
     attention_rows: list[TreeRows] = field(default_factory=list)  # the scheduled trees that are not chains
+    attention_plans: dict[int, object] = field(default_factory=dict)  # attention_path's, per attention metadata
 
 
 _current: LookaheadStep | None = None

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 class TreeRows:
     """One lookahead request's tree rows in this step's flattened batch."""
 
+    req_index: int  # its row in the step's query_start_loc / seq_lens / block table
     q_start: int  # first query row (the root x0)
     num_nodes: int  # tree nodes scheduled (root included): rows q_start .. q_start + num_nodes - 1
     seq_len: int  # cached prefix + num_nodes: every KV entry the request has once this step's KV is written

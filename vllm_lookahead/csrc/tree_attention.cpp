@@ -1,0 +1,347 @@
+// Tree attention over vLLM's paged CPU KV cache ("vec"/"vec16" layout), for the rows of lookahead trees.
+//
+// Every tree node attends its request's whole cached prefix plus its own ancestors and itself, read in place
+// from the paged cache through the block table (vLLM has written this step's K/V before attention runs).
+// GCC/Clang vector extensions, so one source builds for AVX-512, AVX2 or anything else (NEON, SSE);
+// tree_kernel.py picks the flags. Plain C ABI (ctypes), no torch headers; OpenMP from the process's runtime.
+//
+// Work item = (tree request, KV head, chunk of tree nodes), the rows being chunk nodes x query heads of that KV
+// head, so each key block is read once per item. Per key block: S = Q K (K stored [D, bs] per block and head),
+// the ancestor mask (uint64 bitsets) on the tree's own keys (positions >= P), online softmax in base 2 (scale and
+// log2(e) folded into Q), O = O * alpha + P V. Accumulation in float32; bf16 output rounded to nearest even.
+// Keys past seq_len in the last block are stale memory: S is masked there and P V stops at the last key.
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int VW = 16;
+constexpr int QK_R = 6, QK_KT = 2, PV_R = 6, PV_NVC = 4;
+#elif defined(__AVX2__) || defined(__AVX__)
+constexpr int VW = 8;
+constexpr int QK_R = 4, QK_KT = 2, PV_R = 3, PV_NVC = 4;
+#else
+constexpr int VW = 4;
+constexpr int QK_R = 4, QK_KT = 2, PV_R = 2, PV_NVC = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+
+static inline vf splat(float s) {
+  vf v = {};
+  return v + s;
+}
+static inline vf loadv(const float* p) {
+  vf v;
+  memcpy(&v, p, sizeof(v));
+  return v;
+}
+static inline vf loadv(const uint16_t* p) {
+  vh h;
+  memcpy(&h, p, sizeof(h));
+  vu u = __builtin_convertvector(h, vu) << 16;
+  return (vf)u;
+}
+static inline void storev(float* p, vf v) { memcpy(p, &v, sizeof(v)); }
+static inline float load1(const float* p) { return *p; }
+static inline float load1(const uint16_t* p) {
+  uint32_t b = (uint32_t)(*p) << 16;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+static inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < VW; ++i) m = v[i] > m ? v[i] : m;
+  return m;
+}
+static inline float hsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < VW; ++i) s += v[i];
+  return s;
+}
+
+// 2^x for x <= 0; exactly 0 below -126 (masked keys give -inf)
+static inline vf exp2v(vf x) {
+  const vi dead = x < splat(-126.f);
+  x = vmax(x, splat(-126.f));
+  const vi k = __builtin_convertvector(x, vi);  // trunc toward 0 = ceil for x <= 0
+  const vf f = x - __builtin_convertvector(k, vf) + splat(0.5f);  // (-0.5, 0.5]
+  const float l = 0.6931471805599453f;
+  vf p = splat(l * l * l * l * l * l * l / 5040.f);
+  p = p * f + l * l * l * l * l * l / 720.f;
+  p = p * f + l * l * l * l * l / 120.f;
+  p = p * f + l * l * l * l / 24.f;
+  p = p * f + l * l * l / 6.f;
+  p = p * f + l * l / 2.f;
+  p = p * f + l;
+  p = p * f + 1.f;
+  const vu e = (vu)((k + 127) << 23);
+  vf r = p * 0.7071067811865476f * (vf)e;
+  return (vf)((vu)r & ~(vu)dead);
+}
+
+template <int R, int D, typename KT>
+static inline void qk_tile(const float* Q, const KT* K, int bs, float* S, int nt) {
+  int t = 0;
+  for (; t + QK_KT * VW <= nt; t += QK_KT * VW) {
+    vf a[R][QK_KT];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < QK_KT; ++j) a[r][j] = splat(0.f);
+    const KT* k = K + t;
+    for (int d = 0; d < D; ++d) {
+      vf kv[QK_KT];
+#pragma GCC unroll 4
+      for (int j = 0; j < QK_KT; ++j) kv[j] = loadv(k + (int64_t)d * bs + j * VW);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const float qv = Q[r * D + d];
+#pragma GCC unroll 4
+        for (int j = 0; j < QK_KT; ++j) a[r][j] += kv[j] * qv;
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+      for (int j = 0; j < QK_KT; ++j) storev(S + r * bs + t + j * VW, a[r][j]);
+  }
+  for (; t < nt; t += VW) {
+    vf a[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) a[r] = splat(0.f);
+    for (int d = 0; d < D; ++d) {
+      const vf kv = loadv(K + t + (int64_t)d * bs);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) a[r] += kv * Q[r * D + d];
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) storev(S + r * bs + t, a[r]);
+  }
+}
+
+// O[R, D] = O * alpha + P[R, tl] V[tl, D], D processed PV_NVC vectors at a time
+template <int R, int D, typename VT>
+static inline void pv_tile(const float* Pm, int bs, const VT* V, int tl, float* O, const float* alpha) {
+  constexpr int NV = D / VW;
+  for (int c0 = 0; c0 < NV; c0 += PV_NVC) {
+    constexpr int C = PV_NVC;
+    const int cn = (NV - c0) < C ? (NV - c0) : C;
+    if (cn == C) {
+      vf acc[R][C];
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) acc[r][j] = loadv(O + r * D + (c0 + j) * VW) * alpha[r];
+      for (int t = 0; t < tl; ++t) {
+        vf v[C];
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) v[j] = loadv(V + (int64_t)t * D + (c0 + j) * VW);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          const float p = Pm[r * bs + t];
+#pragma GCC unroll 8
+          for (int j = 0; j < C; ++j) acc[r][j] += v[j] * p;
+        }
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
+        for (int j = 0; j < C; ++j) storev(O + r * D + (c0 + j) * VW, acc[r][j]);
+    } else {
+      for (int j = 0; j < cn; ++j) {
+        vf acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = loadv(O + r * D + (c0 + j) * VW) * alpha[r];
+        for (int t = 0; t < tl; ++t) {
+          const vf v = loadv(V + (int64_t)t * D + (c0 + j) * VW);
+          for (int r = 0; r < R; ++r) acc[r] += v * Pm[r * bs + t];
+        }
+        for (int r = 0; r < R; ++r) storev(O + r * D + (c0 + j) * VW, acc[r]);
+      }
+    }
+  }
+}
+
+template <int D, typename KT>
+static void qk_rows(const float* Q, const KT* K, int bs, float* S, int rows, int nt) {
+  int r = 0;
+  for (; r + QK_R <= rows; r += QK_R) qk_tile<QK_R, D>(Q + r * D, K, bs, S + r * bs, nt);
+  for (; r < rows; ++r) qk_tile<1, D>(Q + r * D, K, bs, S + r * bs, nt);
+}
+
+template <int D, typename VT>
+static void pv_rows(const float* Pm, int bs, const VT* V, int tl, float* O, const float* alpha, int rows) {
+  int r = 0;
+  for (; r + PV_R <= rows; r += PV_R) pv_tile<PV_R, D>(Pm + r * bs, bs, V, tl, O + r * D, alpha + r);
+  for (; r < rows; ++r) pv_tile<1, D>(Pm + r * bs, bs, V, tl, O + r * D, alpha + r);
+}
+
+static inline uint16_t f2bf(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  b += 0x7FFF + ((b >> 16) & 1);
+  return (uint16_t)(b >> 16);
+}
+
+struct Args {
+  const void* q;
+  int64_t q_s0, q_s1;
+  const void* kv;
+  int64_t kv_s0, kv_s1;
+  void* out;
+  int64_t o_s0, o_s1;
+  const int32_t* items;
+  int32_t num_items;
+  const int32_t* block_table;
+  int64_t bt_s0;
+  const uint64_t* masks;
+  int32_t mask_words;
+  float scale;
+  int32_t bs, D, G;
+  int32_t bf16;
+  int32_t max_rows;
+};
+
+template <int D, typename T>
+static void run_item(const Args& a, const int32_t* it, float* buf) {
+  const int q_start = it[0], n = it[1], P = it[2], lo = it[3], hi = it[4], row0 = it[5], h = it[6], req = it[7];
+  const int G = a.G, bs = a.bs, W = a.mask_words;
+  const int nn = hi - lo, rows = nn * G;
+  const int seq_len = P + n;
+  float* Q = buf;
+  float* O = Q + a.max_rows * D;
+  float* S = O + a.max_rows * D;
+  float* M = S + a.max_rows * bs;
+  float* L = M + a.max_rows;
+  float* AL = L + a.max_rows;
+  const T* q = (const T*)a.q;
+  const float qscale = a.scale * 1.4426950408889634f;
+  for (int u = 0; u < nn; ++u)
+    for (int g = 0; g < G; ++g) {
+      const T* src = q + (int64_t)(q_start + lo + u) * a.q_s0 + (int64_t)(h * G + g) * a.q_s1;
+      float* dst = Q + (u * G + g) * D;
+      for (int d = 0; d < D; ++d) dst[d] = load1(src + d) * qscale;
+    }
+  for (int i = 0; i < rows; ++i) {
+    M[i] = -INFINITY;
+    L[i] = 0.f;
+  }
+  memset(O, 0, sizeof(float) * rows * D);
+  const int nblk = (seq_len + bs - 1) / bs;
+  const int32_t* bt = a.block_table + (int64_t)req * a.bt_s0;
+  const T* kvb = (const T*)a.kv;
+  for (int bi = 0; bi < nblk; ++bi) {
+    const T* K = kvb + (int64_t)bt[bi] * a.kv_s0 + (int64_t)h * a.kv_s1;
+    const T* V = K + (int64_t)bs * D;
+    const int t0 = bi * bs;
+    const int tl = (seq_len - t0) < bs ? (seq_len - t0) : bs;
+    const int nt = (tl + VW - 1) / VW * VW;
+    qk_rows<D, T>(Q, K, bs, S, rows, nt);
+    if (t0 + nt > P) {
+      const int tstart = P - t0 > 0 ? P - t0 : 0;
+      for (int u = 0; u < nn; ++u) {
+        const uint64_t* mrow = a.masks + (int64_t)(row0 + lo + u) * W;
+        for (int t = tstart; t < nt; ++t) {
+          const int v = t0 + t - P;
+          if (t >= tl || !((mrow[v >> 6] >> (v & 63)) & 1))
+            for (int g = 0; g < G; ++g) S[(u * G + g) * bs + t] = -INFINITY;
+        }
+      }
+    }
+    for (int i = 0; i < rows; ++i) {
+      float* s = S + i * bs;
+      vf mx = splat(M[i]);
+      for (int t = 0; t < nt; t += VW) mx = vmax(mx, loadv(s + t));
+      const float mnew = hmax(mx);
+      vf sum = splat(0.f);
+      for (int t = 0; t < nt; t += VW) {
+        const vf p = exp2v(loadv(s + t) - mnew);
+        storev(s + t, p);
+        sum += p;
+      }
+      const float alpha = (M[i] == -INFINITY) ? 0.f : exp2f(M[i] - mnew);
+      L[i] = L[i] * alpha + hsum(sum);
+      M[i] = mnew;
+      AL[i] = alpha;
+    }
+    pv_rows<D, T>(S, bs, V, tl, O, AL, rows);
+  }
+  T* out = (T*)a.out;
+  for (int u = 0; u < nn; ++u)
+    for (int g = 0; g < G; ++g) {
+      const int i = u * G + g;
+      const float inv = 1.f / L[i];
+      T* dst = out + (int64_t)(q_start + lo + u) * a.o_s0 + (int64_t)(h * G + g) * a.o_s1;
+      const float* src = O + i * D;
+      if constexpr (sizeof(T) == 4) {
+        for (int d = 0; d < D; ++d) ((float*)dst)[d] = src[d] * inv;
+      } else {
+        for (int d = 0; d < D; ++d) ((uint16_t*)dst)[d] = f2bf(src[d] * inv);
+      }
+    }
+}
+
+template <int D, typename T>
+static void run(const Args& a, int parallel) {
+  const int64_t per_thread = (int64_t)a.max_rows * (2 * D + a.bs + 3) + 64;
+  const size_t bytes = ((per_thread * 4 + 63) / 64) * 64;
+  if (!parallel) {
+    float* buf = (float*)aligned_alloc(64, bytes);
+    for (int i = 0; i < a.num_items; ++i) run_item<D, T>(a, a.items + (int64_t)i * 8, buf);
+    free(buf);
+    return;
+  }
+#pragma omp parallel
+  {
+    float* buf = (float*)aligned_alloc(64, bytes);
+#pragma omp for schedule(dynamic, 1)
+    for (int i = 0; i < a.num_items; ++i) run_item<D, T>(a, a.items + (int64_t)i * 8, buf);
+    free(buf);
+  }
+}
+
+}  // namespace
+
+extern "C" int tree_attn_layer(const int64_t* s, const void* q, const void* kv, void* out) {
+  // s: the int64 arguments in tree_kernel.ARGS order; the float scale travels as its bit pattern.
+  float scale;
+  const uint32_t sb = (uint32_t)s[6];
+  memcpy(&scale, &sb, 4);
+  Args a{q, s[13], s[14], kv, s[15], s[16], out, s[17], s[18], (const int32_t*)s[0], (int32_t)s[1],
+         (const int32_t*)s[2], s[3], (const uint64_t*)s[4], (int32_t)s[5], scale, (int32_t)s[7], (int32_t)s[8],
+         (int32_t)s[9], (int32_t)s[10], (int32_t)s[11]};
+  const int parallel = (int)s[12];
+  if (a.bs % VW) return -1;
+#define DISPATCH(DD)                                \
+  case DD:                                          \
+    if (a.bf16)                                     \
+      run<DD, uint16_t>(a, parallel);               \
+    else                                            \
+      run<DD, float>(a, parallel);                  \
+    return 0;
+  switch (a.D) {
+    DISPATCH(32)
+    DISPATCH(64)
+    DISPATCH(80)
+    DISPATCH(96)
+    DISPATCH(112)
+    DISPATCH(128)
+    DISPATCH(160)
+    DISPATCH(192)
+    DISPATCH(224)
+    DISPATCH(256)
+    default:
+      return -2;
+  }
+}
+
+extern "C" int tree_attn_vector_width() { return VW; }
