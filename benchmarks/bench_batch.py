@@ -97,11 +97,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    runtime = bm.apply_runtime(bm.parse_args(rest))
     rows: list[dict[str, Any]] = []
     for c in args.levels:
         rows += run_level(args, rest, c)
     margs = bm.parse_args(rest)
-    title = f"{margs.dtype}, {'eager' if margs.eager else 'compiled'}, {margs.max_tokens} tokens per request"
+    title = f"{margs.dtype}, {'eager' if margs.eager else 'compiled'}, {margs.max_tokens} tokens per request\n{runtime}"
     print(f"\n{title}\n\n{table(rows)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

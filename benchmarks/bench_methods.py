@@ -25,6 +25,8 @@ from typing import Any
 
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
+from vllm_lookahead import cpu_runtime
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 # method name -> speculative_config (None: plain decoding)
@@ -79,6 +81,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="enforce_eager (default: compiled; the first compiled start takes about 80 s, cached after)",
     )
     p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+    p.add_argument(
+        "--runtime",
+        default="project",
+        choices=["project", "vllm"],
+        help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime: TCMalloc + Intel OpenMP "
+        "preloaded, all cores on a small machine); vllm: vLLM's defaults as they are",
+    )
     p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
     # Internal: run one method and write its raw results as JSON.
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -421,12 +430,22 @@ def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path,
     return True
 
 
+def apply_runtime(args: argparse.Namespace) -> str:
+    """Set the runtime the workers start under (as a user's shell would); the line that says which it is."""
+    if args.runtime == "project":
+        os.environ.update(cpu_runtime.environment())
+    kernel = "off" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "on"
+    return f"{cpu_runtime.describe({})}; tree kernel {kernel}"
+
+
 def run_stem(args: argparse.Namespace) -> str:
     mode = "eager" if args.eager else "compiled"
     return (
         f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}_{mode}"
         f"_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
         + (f"_T{args.temperature:g}_p{args.top_p:g}" if args.temperature > 0 else "")
+        + ("_vllm-runtime" if args.runtime == "vllm" else "")
+        + ("_tree-kernel-off" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "")
     )
 
 
@@ -437,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
 
     model = model_path(args)  # prepare the default model once, before the workers need it
+    runtime = apply_runtime(args)
     results: dict[str, dict[str, Any]] = {}
     for method in args.method_list:
         print(f"=== {method} ===", file=sys.stderr)
@@ -453,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"
     title = (
         f"{Path(model).name}, {args.dtype}, {mode}, {how}, concurrency {args.concurrency}, "
-        f"{args.num_prompts} prompts x {args.max_tokens} tokens"
+        f"{args.num_prompts} prompts x {args.max_tokens} tokens;\n{runtime}"
     )
     print(f"\n{title}\n")
     print(markdown_table(rows))
@@ -473,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
         "top_p": args.top_p,
+        "runtime": runtime,
         "max_model_len": args.max_model_len,
         "cpu_count": os.cpu_count(),
     }

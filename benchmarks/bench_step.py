@@ -7,17 +7,21 @@ Every configuration runs in a fresh subprocess with vLLM's engine in-process (VL
 this script can time vLLM's and the plugin's functions from outside by wrapping them: the plugin itself carries no
 timers and pays nothing. Per engine step (execute_model + sample_tokens) it records:
 
-- forward: the model's forward pass, of which `stock attn` (vLLM's CPU attention kernel, all layers) and `tree attn`
-  (the lookahead tree path, all layers); `logits`: the LM head (after the forward) over every row that needs one:
-  every tree node for lookahead, the last token for a plain step;
+- forward: the model's forward pass, of which `stock attn` (vLLM's CPU attention kernel, all layers: with trees, on
+  the plain rows only) and `tree attn` (the tree rows, all layers: the compiled kernel's calls and its per-step
+  set-up; with `VLLM_LOOKAHEAD_TREE_KERNEL=0`, the plain-torch recompute after the stock kernel ran on every row);
+  `logits`: the LM head (after the forward) over every row that needs one: every tree node for lookahead, the last
+  token for a plain step;
 - sample+verify: vLLM's sampler plus the plugin's tree verification (`finish_step`), of which `kv move`;
 - drafting: the plugin's `propose` (pool, window, lookup, tree build) and `begin_step` (positions, masks);
 - rest: everything else of the step (vLLM's input preparation, bookkeeping).
 
-Trees have an exact size: a wide window (W=40, N=3) fills any tree, and `step_token_budget` cuts it to T nodes.
+Trees have an exact size: a wide window (W=40, N=3) fills any tree, every node pays (`node_cost` 0, so the
+measured-cost sizing keeps them all) and `step_token_budget` cuts it to T nodes.
 `bare(T)` is the cost of a plain engine step that computes T new tokens against the same cached context (prefix
 caching on a block-aligned prompt), i.e. the least a step over T tokens can cost; T=1 is a plain decode step.
-Prints tables and saves a PNG per dtype plus a JSONL of every record (`--out`).
+Prints tables and saves a PNG per dtype plus a JSONL of every record (`--out`). Runs under the project's CPU
+runtime (`--runtime project`, vllm_lookahead.cpu_runtime) unless `--runtime vllm`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
+from vllm_lookahead import cpu_runtime
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 PARTS = ("forward", "stock_attn", "tree_attn", "logits", "sample_verify", "kv_move", "drafting", "step")
@@ -48,6 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per context (lookahead and plain)")
     p.add_argument("--repeats", type=int, default=3, help="bare-forward repetitions per (context, T)")
     p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument(
+        "--runtime",
+        default="project",
+        choices=["project", "vllm"],
+        help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime); vllm: vLLM's defaults",
+    )
     p.add_argument("--out", default="benchmarks/results/")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -98,7 +110,7 @@ class StepTimer:
         from vllm.model_executor.layers.logits_processor import LogitsProcessor
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-        from vllm_lookahead import engine, kv_relocation, plugin, tree_attention
+        from vllm_lookahead import engine, kv_relocation, plugin, tree_attention, tree_attention_plan, tree_kernel
 
         plugin.register()  # the plugin's patches first: the timers wrap them
         E = engine.LookaheadEngine
@@ -107,7 +119,10 @@ class StepTimer:
         self.wrap(GPUModelRunner, "_model_forward", "forward")
         self.wrap(GPUModelRunner, "_sample", "sample_verify")
         self.wrap(ops, "cpu_attention_with_kv_cache", "stock_attn")
-        self.wrap(tree_attention, "attend_layer", "tree_attn")
+        self.wrap(tree_attention, "attend_layer", "tree_attn")  # the plain-torch path
+        self.wrap(tree_kernel.TreeKernel, "layer", "tree_attn")  # the compiled kernel's call per layer
+        self.wrap(tree_attention_plan, "work_items", "tree_attn")  # its per-step set-up
+        self.wrap(tree_attention_plan, "_plain_rows", "tree_attn")
         self.wrap(LogitsProcessor, "forward", "logits")
         self.wrap(kv_relocation, "move_kv_slots", "kv_move")
         self.wrap(E, "propose", "propose")
@@ -129,7 +144,7 @@ def worker(args: argparse.Namespace) -> int:
         llm = LLM(**common, enable_prefix_caching=True)
     else:
         tree = int(kind.split("=")[1])
-        spec = {"method": "lookahead", "window_size": 40, "ngram_size": 3, "step_token_budget": tree}
+        spec = {"method": "lookahead", "window_size": 40, "ngram_size": 3, "step_token_budget": tree, "node_cost": 0.0}
         llm = LLM(**common, speculative_config=spec, enable_prefix_caching=False)
     tok = llm.get_tokenizer()
     text_ids = tok("\n".join(humaneval_prompts(40)))["input_ids"]
@@ -314,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args)
     from tqdm import tqdm
 
+    if args.runtime == "project":
+        os.environ.update(cpu_runtime.environment())
+    tree_path = "reference" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "kernel"
     kinds = ["bare", *(f"tree={t}" for t in args.tree_list)]
     jobs = [(k, d) for d in args.dtype_list for k in kinds]
     results = []
@@ -325,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"step_T{'-'.join(map(str, args.tree_list))}_ctx{'-'.join(map(str, args.context_list))}"
+    stem += ("_vllm-runtime" if args.runtime == "vllm" else "") + ("_reference" if tree_path == "reference" else "")
     for dtype in args.dtype_list:
-        print(f"\n### {dtype} (ms per engine step, medians; batch 1)\n")
+        print(f"\n### {dtype} (ms per engine step, medians; batch 1; tree attention: {tree_path}; "
+              f"{cpu_runtime.describe({})})\n")  # fmt: skip
         print(markdown(rows, dtype))
         png = out / f"{stem}_{dtype}.png"
         plot(rows, dtype, png)

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_lookahead import cpu_kv_cache
+from vllm_lookahead import cpu_kv_cache, tree_attention
 from vllm_lookahead import step as lookahead_step
-from vllm_lookahead.tree_attention import attend_layer
 from vllm_lookahead.tree_attention_plan import TreeAttentionPlan
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ def forward(
         plan = step.attention_plans[id(attn_metadata)] = built or _REFERENCE
     if plan is _REFERENCE:
         result = original(impl, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        attend_layer(step.attention_rows, layer, impl, query, kv_cache, output)
+        tree_attention.attend_layer(step.attention_rows, layer, impl, query, kv_cache, output)
         return result
     plan.forward(layer, impl, query, kv_cache, output)
     return output
