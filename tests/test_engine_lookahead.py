@@ -6,6 +6,8 @@ ones, must be identical token for token, with fewer target forward passes than t
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.conftest import make_llm
@@ -40,6 +42,20 @@ def _counters(llm) -> dict[str, float]:
         ):
             out[m.name] = out.get(m.name, 0) + m.value
     return out
+
+
+def _settled_stats(llm, timeout: float = 10.0) -> dict[str, float]:
+    """The worker's counters once no request's state is left, or after `timeout` (then a leak fails the test).
+
+    vLLM tells the worker which requests finished at its next engine step, which can run after `generate` returned
+    and after this call was queued: right after `generate` the last request's state may still be there.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = llm.collective_rpc("lookahead_stats")[0]
+        if stats["live_states"] == 0 or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +190,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     assert len(got[kinds.index("long")]) == 20
 
     after = _counters(la_llm)
-    stats = la_llm.collective_rpc("lookahead_stats")[0]
+    stats = _settled_stats(la_llm)
     accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
     generated = after["vllm:generation_tokens"] - before.get("vllm:generation_tokens", 0)
     # vLLM counts tokens generated before a stop string was cut off, so at least the outputs' tokens.
@@ -260,7 +276,7 @@ def test_preemption_drops_and_rebuilds_state(model_path, batch, plain_outputs):
     )
     try:
         outs = llm.generate([prompts[i] for i in idx], [params[i] for i in idx], use_tqdm=False)
-        stats = llm.collective_rpc("lookahead_stats")[0]
+        stats = _settled_stats(llm)
     finally:
         del llm
     assert [list(o.outputs[0].token_ids) for o in outs] == [plain_outputs[i] for i in idx]
