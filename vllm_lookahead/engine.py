@@ -217,10 +217,9 @@ class LookaheadEngine:
     def _sample_first_rows(runner: GPUModelRunner, logits: torch.Tensor, spec_md: SpecDecodeMetadata) -> SamplerOutput:
         from vllm.v1.outputs import SamplerOutput
 
-        num_draft = torch.tensor(spec_md.num_draft_tokens, dtype=torch.long)
-        first = spec_md.cu_num_draft_tokens.long() - num_draft + torch.arange(len(num_draft))
+        first = first_rows(spec_md)
         plain = runner.sampler(logits=logits[first], sampling_metadata=runner.input_batch.sampling_metadata)
-        sampled = plain.sampled_token_ids.new_full((len(num_draft), spec_md.max_spec_len + 1), -1)
+        sampled = plain.sampled_token_ids.new_full((len(first), spec_md.max_spec_len + 1), -1)
         sampled[:, 0] = plain.sampled_token_ids[:, 0]
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
@@ -263,16 +262,14 @@ class LookaheadEngine:
 
         md = runner.input_batch.sampling_metadata
         out = sampler_output.sampled_token_ids
-        cu_draft = spec_md.cu_num_draft_tokens.tolist()
-        num_draft = spec_md.num_draft_tokens
+        row0 = first_rows(spec_md).tolist()
         slot_mapping = runner.input_batch.block_table[0].slot_mapping.cpu
         moves_src: list[int] = []
         moves_dst: list[int] = []
         paths: dict[int, list[int]] = {}
         for s in step.scheduled:
             n = s.tree.num_nodes
-            row0 = cu_draft[s.req_index] - num_draft[s.req_index] + s.req_index  # logits: drafts + bonus per request
-            rows = logits[row0 : row0 + n]
+            rows = logits[row0[s.req_index] : row0[s.req_index] + n]
             argmax = Sampler.greedy_sample(rows.to(torch.float32)).tolist()
             greedy = is_greedy(md, s.req_index)
             if greedy:
@@ -354,6 +351,12 @@ class LookaheadEngine:
         return drafts
 
 
+def first_rows(spec_md: SpecDecodeMetadata) -> torch.Tensor:
+    """Each request's first logits row (its x0's): the logits hold every request's drafts plus one bonus row."""
+    num_draft = torch.tensor(spec_md.num_draft_tokens, dtype=torch.long)
+    return spec_md.cu_num_draft_tokens.long() - num_draft + torch.arange(len(num_draft))
+
+
 def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
     """A worker's lookahead counters (None without lookahead), for `LLM.collective_rpc("lookahead_stats")`."""
     if engine is None:
@@ -404,8 +407,7 @@ def _logprobs(
     sampler = runner.sampler
     sampled = sampler_output.sampled_token_ids
     num_reqs, width = sampled.shape
-    num_draft = torch.tensor(spec_md.num_draft_tokens, dtype=torch.long)
-    start = spec_md.cu_num_draft_tokens.long() - num_draft + torch.arange(num_reqs)
+    start = first_rows(spec_md)
     offsets = torch.arange(width).expand(num_reqs, width).clone()
     for i, path in paths.items():
         offsets[i, : len(path)] = torch.tensor(path)
