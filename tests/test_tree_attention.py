@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lookahead.cpu_kv_cache import check_layout, gather_kv, read_slots, split, vllm_writer
+from vllm_lookahead.cpu_kv_cache import check_layout, gather_kv, read_cache_slots, read_slots, split, vllm_writer
 from vllm_lookahead.tree import build_step_tree
 from vllm_lookahead.tree_attention import TreeRows, apply_tree_attention
 
@@ -64,3 +64,6 @@ def test_tree_attention_matches_dense_masked_attention():
     assert torch.equal(k_all, key.transpose(0, 1)) and torch.equal(v_all, value.transpose(0, 1))
     rk, rv = read_slots(kc, vc, block_ids, torch.tensor([prefix + 2, 0]))
     assert torch.equal(rk, key[[prefix + 2, 0]]) and torch.equal(rv, value[[prefix + 2, 0]])
+    picked = torch.tensor([prefix + 2, 0, bs + 1])
+    rk, rv = read_cache_slots(kc, vc, slots[picked])  # global slots, as the KV relocation reads them
+    assert torch.equal(rk, key[picked]) and torch.equal(rv, value[picked])

@@ -48,12 +48,24 @@ def read_slots(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V at token offsets `slots` (long) through `block_ids`, as [len(slots), num_kv_heads, D] each."""
     block_size = value_cache.shape[2]
-    blocks = block_ids.long()[slots // block_size]
-    off = slots % block_size
-    k = key_cache[blocks]  # [m, H, bs, D] memory holding [H, D, bs]
-    m, h, bs, d = k.shape
-    k = k.reshape(m, h, d, bs)[torch.arange(m), :, :, off]  # [m, H, D]
-    v = value_cache[blocks, :, off]  # [m, H, D]
+    return _read(key_cache, value_cache, block_ids.long()[slots // block_size], slots % block_size)
+
+
+def read_cache_slots(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, slots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V at global cache slots (block * block_size + offset, vLLM's slot mapping), [len(slots), H, D] each."""
+    block_size = value_cache.shape[2]
+    return _read(key_cache, value_cache, slots // block_size, slots % block_size)
+
+
+def _read(
+    key_cache: torch.Tensor, value_cache: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    num_blocks, num_kv_heads, block_size, head_size = key_cache.shape
+    # Keys' memory is [head_size, block_size] per block and head: pick the tokens' columns, not whole blocks.
+    k = key_cache.view(num_blocks, num_kv_heads, head_size, block_size)[blocks, :, :, offsets]  # [m, H, D]
+    v = value_cache[blocks, :, offsets]  # [m, H, D]
     return k.contiguous(), v.contiguous()
 
 

@@ -39,7 +39,5 @@ def move_kv_slots(layers: Sequence[Attention], src: Sequence[int], dst: Sequence
         if kv_cache is None or kv_cache.numel() == 0:
             continue
         key_cache, value_cache = cpu_kv_cache.split(kv_cache)
-        # Global slots, read through the identity "block table" 0..num_blocks-1.
-        identity = torch.arange(kv_cache.shape[0])
-        k, v = cpu_kv_cache.read_slots(key_cache, value_cache, identity, src_t)
+        k, v = cpu_kv_cache.read_cache_slots(key_cache, value_cache, src_t)
         cpu_kv_cache.layer_writer(layer)(k, v, key_cache, value_cache, dst_t)
