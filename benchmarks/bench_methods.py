@@ -39,6 +39,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
     # Provided by this plugin (its defaults; --lookahead-config overrides keys).
     "lookahead": {"method": "lookahead"},
+    # Lookahead with the tree rows' attention on the plain-torch reference path (VLLM_LOOKAHEAD_TREE_KERNEL=0): the
+    # compiled kernel's before/after in one run.
+    "lookahead-reference": {"method": "lookahead"},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
@@ -120,7 +123,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] 
     if spec is None:
         return None
     spec = dict(spec)
-    if method == "lookahead" and args.lookahead_config:
+    if method.startswith("lookahead") and args.lookahead_config:
         spec.update(json.loads(args.lookahead_config))
     return spec
 
@@ -212,6 +215,8 @@ def worker(args: argparse.Namespace) -> int:
         os.environ["VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"] = "1"
     if method == "none-noplugin":
         os.environ["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin
+    if method == "lookahead-reference":
+        os.environ["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
 
     def finish(**fields: Any) -> int:

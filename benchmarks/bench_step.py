@@ -19,7 +19,10 @@ timers and pays nothing. Per engine step (execute_model + sample_tokens) it reco
 Trees have an exact size: a wide window (W=40, N=3) fills any tree, every node pays (`node_cost` 0, so the
 measured-cost sizing keeps them all) and `step_token_budget` cuts it to T nodes.
 `bare(T)` is the cost of a plain engine step that computes T new tokens against the same cached context (prefix
-caching on a block-aligned prompt), i.e. the least a step over T tokens can cost; T=1 is a plain decode step.
+caching on a block-aligned prompt) and the logits of all T rows, i.e. the least a step that verifies T tokens can
+cost (vLLM's ngram and suffix methods compute logits for every draft token too); T=1 is a plain decode step. The
+table also gives `bare(T), 1 row`: the same step with the logits of its last row only (vLLM's prefill), derived as
+bare(T) - its logits + bare(1)'s logits.
 Prints tables and saves a PNG per dtype plus a JSONL of every record (`--out`). Runs under the project's CPU
 runtime (`--runtime project`, vllm_lookahead.cpu_runtime) unless `--runtime vllm`.
 """
@@ -129,9 +132,35 @@ class StepTimer:
         self.wrap(E, "begin_step", "begin")
 
 
+def logits_for_every_row() -> None:
+    """A plain step computes the logits of every scheduled row, as a step verifying that many tokens must; the
+    sampler still gets the last row's, so the step's output is unchanged. Installed before the timers."""
+    import torch
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    forward, logits = GPUModelRunner._model_forward, LogitsProcessor.forward
+    hidden: list[torch.Tensor] = []
+
+    def model_forward(self: Any, *a: Any, **k: Any) -> Any:
+        out = forward(self, *a, **k)
+        hidden[:] = [out] if isinstance(out, torch.Tensor) else []
+        return out
+
+    def all_rows(self: Any, lm_head: Any, hidden_states: torch.Tensor, *a: Any, **k: Any) -> Any:
+        if hidden and hidden_states.shape[0] == 1 and hidden[0].shape[0] > 1:
+            return logits(self, lm_head, hidden.pop(), *a, **k)[-1:]
+        return logits(self, lm_head, hidden_states, *a, **k)
+
+    GPUModelRunner._model_forward = model_forward  # type: ignore[method-assign]
+    LogitsProcessor.forward = all_rows  # type: ignore[method-assign]
+
+
 def worker(args: argparse.Namespace) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core and worker in this process: we can wrap them
     kind, dtype = args.worker.split(":")
+    if kind == "bare":
+        logits_for_every_row()
     timer = StepTimer()
     timer.install()
     from vllm import LLM, SamplingParams
@@ -226,7 +255,10 @@ def summarise(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     bare = {(r["dtype"], r["context"], r["tokens"]): r for r in rows if r["kind"] == "bare"}
     for r in rows:
         b = bare.get((r["dtype"], r["context"], r["tokens"]))
+        b1 = bare.get((r["dtype"], r["context"], 1))
         r["bare_step"] = b["step"] if b else None
+        r["bare_step_1row"] = b["step"] - b["logits"] + b1["logits"] if b and b1 else None
+        r["step_vs_bare_1row"] = r["step"] / r["bare_step_1row"] if r["bare_step_1row"] else None
         r["bare_forward"] = b["forward"] if b else None
         r["step_vs_bare"] = r["step"] / b["step"] if b else None
         r["forward_vs_bare"] = r["forward"] / b["forward"] if b else None
@@ -244,7 +276,8 @@ def _ratio(v: float | None) -> str:
 def markdown(rows: list[dict[str, Any]], dtype: str) -> str:
     head = (
         "| context | step | T | tokens/step | step ms | forward | stock attn | tree attn | logits | sample+verify "
-        "| kv move | drafting | rest | bare(T) step | step / bare(T) | forward / bare(T) forward |"
+        "| kv move | drafting | rest | bare(T) step | step / bare(T) | forward / bare(T) forward "
+        "| bare(T), 1 row | step / bare(T), 1 row |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -256,6 +289,7 @@ def markdown(rows: list[dict[str, Any]], dtype: str) -> str:
         cells += [_ms(r[k]) for k in ("step", "forward", "stock_attn", "tree_attn", "logits", "sample_verify")]
         cells += [_ms(r[k]) for k in ("kv_move", "drafting", "rest", "bare_step")]
         cells += [_ratio(r["step_vs_bare"]), _ratio(r["forward_vs_bare"])]
+        cells += [_ms(r["bare_step_1row"]), _ratio(r["step_vs_bare_1row"])]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -296,7 +330,7 @@ def plot(rows: list[dict[str, Any]], dtype: str, path: Path) -> None:
             ax.bar(xs, vals, bottom=bottom, color=color, label=name if ctx == contexts[0] else None)
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         bare_line = [bare_by_t[r["tokens"]]["step"] if r["tokens"] in bare_by_t else float("nan") for r in bars]
-        label = "plain step computing T tokens (bare)" if ctx == contexts[0] else None
+        label = "plain step computing T tokens and T rows of logits (bare)" if ctx == contexts[0] else None
         ax.plot(xs, bare_line, "k--o", label=label)
         ax.set_xticks(xs, ["plain" if r["kind"] == "bare" else str(r["tokens"]) for r in bars])
         ax.set_xlabel("lookahead tree nodes T")
