@@ -282,3 +282,54 @@ def test_preemption_drops_and_rebuilds_state(model_path, batch, plain_outputs):
     assert [list(o.outputs[0].token_ids) for o in outs] == [plain_outputs[i] for i in idx]
     assert stats["preemptions"] > 0
     assert stats["live_states"] == 0
+
+
+# A request's own settings: a 1-column window of bigrams, one pool candidate, no lookup or suffix candidates.
+OWN_SETTINGS = {"window_size": 1, "ngram_size": 2, "guess_set_size": 1, "lookup_candidates": 0, "suffix_candidates": 0}
+
+
+def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_path):
+    """A request with its own (W, N, G, sources) runs them: the oracle with those settings takes the same steps,
+    the sources it turned off draft nothing, and other requests keep the server's settings."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import SamplingParams
+
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.reference import lookahead_generate
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    server = LookaheadParams.from_mapping({k: v for k, v in LA_CONFIG.items() if k != "method"})
+    own = server.for_request(OWN_SETTINGS)
+    for prompt in humaneval_prompts(2):
+        ids = tok(prompt)["input_ids"]
+        ref, ref_stats = lookahead_generate(model, ids, 48, own, eos_token_id=[])
+        _, server_stats = lookahead_generate(model, ids, 48, server, eos_token_id=[])
+        before = _settled_stats(la_llm)
+        out = la_llm.generate(
+            {"prompt_token_ids": ids},
+            SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, extra_args={"lookahead": OWN_SETTINGS}),
+            use_tqdm=False,
+        )
+        after = _settled_stats(la_llm)
+        assert list(out[0].outputs[0].token_ids) == ref
+        assert abs(after["steps"] - before["steps"] - ref_stats["steps"]) <= 2, (after["steps"], ref_stats["steps"])
+        # The settings made a difference the oracle sees too, and the sources turned off drafted nothing.
+        assert ref_stats["steps"] != server_stats["steps"]
+        for source in ("lookup", "suffix"):
+            assert after[f"drafted_{source}"] == before[f"drafted_{source}"], source
+        assert after["drafted_window"] > before["drafted_window"]
+
+
+def test_invalid_per_request_settings_refuse_that_request_only(la_llm):
+    from vllm import SamplingParams
+
+    bad = SamplingParams(max_tokens=8, extra_args={"lookahead": {"window_size": LA_CONFIG["window_size"] + 1}})
+    with pytest.raises(ValueError, match=r"extra_args\.lookahead\.window_size must be an integer in \[1, 4\]"):
+        la_llm.generate("def add(a, b):", bad, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"extra_args\.lookahead\.node_cost is engine-wide"):
+        la_llm.generate("def add(a, b):", SamplingParams(extra_args={"lookahead": {"node_cost": 1.0}}), use_tqdm=False)
+    out = la_llm.generate("def add(a, b):", SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
+    assert _settled_stats(la_llm)["live_states"] == 0

@@ -233,3 +233,41 @@ def test_metrics_show_lookahead_speedup(server):
     tokens_per_forward = generated / (generated - accepted)
     print(f"generation={generated:g} accepted={accepted:g} tokens/target-forward={tokens_per_forward:.3f}")
     assert tokens_per_forward > 1.0, (generated, accepted)
+
+
+def _draft_tokens(server) -> float:
+    r = requests.get(f"{server['base']}/metrics", timeout=60)
+    return _metric_totals(r.text).get("vllm:spec_decode_num_draft_tokens_total", 0.0)
+
+
+def test_per_request_settings_over_http(server):
+    """vllm_xargs carries a request's own lookahead settings (as a JSON string: it takes only flat values); an
+    invalid one is a 400 naming the key for that request alone; `false` (which arrives as 0) opts out."""
+    prompt = humaneval_prompts(1)[0]
+    body = {"prompt": prompt, "max_tokens": 32, "temperature": 0.0}
+    want = _post(server, "/v1/completions", body)["choices"][0]["text"]
+
+    own = {"window_size": 1, "ngram_size": 2, "guess_set_size": 0, "lookup_candidates": 0}
+    got = _post(server, "/v1/completions", {**body, "vllm_xargs": {"lookahead": json.dumps(own)}})
+    assert got["choices"][0]["text"] == want  # greedy: the same text whatever the tree
+
+    bad = {**body, "model": server["model"], "vllm_xargs": {"lookahead": json.dumps({"window_size": 999})}}
+    r = requests.post(f"{server['base']}/v1/completions", json=bad, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 400, r.text
+    assert "extra_args.lookahead.window_size must be an integer in [1, " in r.text, r.text
+    chat = {
+        "model": server["model"],
+        "messages": [{"role": "user", "content": CHAT_QUESTION}],
+        "max_tokens": 8,
+        "vllm_xargs": {"lookahead": json.dumps({"step_token_budget": 8})},
+    }
+    r = requests.post(f"{server['base']}/v1/chat/completions", json=chat, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 400 and "step_token_budget is engine-wide" in r.text, r.text
+
+    # The server kept serving; an opted-out request drafts nothing.
+    drafts = _draft_tokens(server)
+    out = _post(server, "/v1/completions", {**body, "vllm_xargs": {"lookahead": False}})
+    assert out["choices"][0]["text"] == want
+    assert _draft_tokens(server) == drafts
+    _post(server, "/v1/completions", body)
+    assert _draft_tokens(server) > drafts

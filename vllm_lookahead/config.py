@@ -16,6 +16,30 @@ from vllm_lookahead.tree import window_slots_max
 
 MAX_SEED = 2**63 - 1
 
+# The keys a request may set for itself (SamplingParams.extra_args["lookahead"]); the others are engine-wide (the
+# step budget, the cost model, the shared caches' sizes). A request's integer key may not exceed the server's value,
+# so that every request's tree fits the num_speculative_tokens the engine was started with; its seed is free.
+REQUEST_KEYS = (
+    "window_size",
+    "ngram_size",
+    "guess_set_size",
+    "lookup_candidates",
+    "lookup_len",
+    "suffix_candidates",
+    "pool_from_prompt",
+    "pool_from_output",
+    "lookahead_seed",
+)
+_UNCAPPED = ("lookahead_seed",)
+
+
+class RequestSettingsError(ValueError):
+    """A request's lookahead settings are invalid; `key` names the offending one as the request wrote it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
 
 def _key(default: Any, lo: float | None, hi: float | None, help: str) -> Any:
     """A field whose metadata carries its allowed range (None for bools) and its one-line meaning. A float range
@@ -101,6 +125,34 @@ class LookaheadParams:
             raise ValueError(f"lookahead: unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(cls.keys())}")
         return cls(**{k: v for k, v in given.items() if v is not None})
 
+    def for_request(self, given: Any, where: str = "extra_args.lookahead") -> LookaheadParams:
+        """This server's parameters with a request's own settings applied (`given`: key -> value, a subset of
+        REQUEST_KEYS). An integer key lies in [its minimum, this server's value] (the seed in its full range); a
+        key whose value is null keeps the server's value. Raises RequestSettingsError naming the key."""
+        if not isinstance(given, Mapping):
+            raise RequestSettingsError(
+                where, f"{where} must be false, true or an object of lookahead keys (got {given!r})"
+            )
+        changes: dict[str, Any] = {}
+        for key, value in given.items():
+            name = f"{where}.{key}"
+            if key not in REQUEST_KEYS:
+                kind = "is engine-wide (set it in speculative_config)" if key in self.keys() else "is not a key"
+                raise RequestSettingsError(name, f"{name} {kind}; a request may set: {', '.join(REQUEST_KEYS)}")
+            if value is None:
+                continue
+            rng = _FIELDS[key].metadata["range"]
+            if rng is None:
+                if not isinstance(value, bool):
+                    raise RequestSettingsError(name, f"{name} must be a bool (got {value!r})")
+            else:
+                lo, hi = rng[0], rng[1] if key in _UNCAPPED else getattr(self, key)
+                if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+                    why = "" if key in _UNCAPPED else " (at most the server's value)"
+                    raise RequestSettingsError(name, f"{name} must be an integer in [{lo}, {hi}]{why} (got {value!r})")
+            changes[key] = value
+        return dataclasses.replace(self, **changes) if changes else self
+
     @property
     def max_tree_nodes(self) -> int:
         """Most nodes (x0 included) any step's tree can have: the unmerged worst case, warm-up included.
@@ -114,6 +166,9 @@ class LookaheadParams:
             + self.lookup_candidates * self.lookup_len
             + self.suffix_candidates
         )
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(LookaheadParams)}
 
 
 def _check(name: str, value: Any, rng: tuple[float, float] | None) -> None:

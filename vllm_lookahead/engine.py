@@ -29,7 +29,7 @@ import torch
 from vllm_lookahead import attention_path, kv_relocation
 from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.eligibility import ineligible_reason
+from vllm_lookahead.eligibility import ineligible_reason, request_params
 from vllm_lookahead.pool import NGramPool
 from vllm_lookahead.sizing import StepCost, choose_sizes
 from vllm_lookahead.state import LookaheadState
@@ -116,7 +116,9 @@ class LookaheadEngine:
             req_state = runner.requests.get(req_id)
             if req_state is None:
                 return False
-            reason = ineligible_reason(req_state.sampling_params, logprobs_mode=runner.sampler.logprobs_mode)
+            reason = ineligible_reason(
+                req_state.sampling_params, logprobs_mode=runner.sampler.logprobs_mode, server=self.params
+            )
             ok = self._eligible[req_id] = reason is None
             if not ok:
                 self.stats.fallback_requests += 1
@@ -324,9 +326,10 @@ class LookaheadEngine:
             state = self.states.get(req_id)
             if state is None:
                 prompt = batch.token_ids_cpu[i, : int(batch.num_prompt_tokens[i])].tolist()
-                random = runner.requests[req_id].sampling_params.temperature >= GREEDY_EPS
+                sp = runner.requests[req_id].sampling_params
+                random = sp.temperature >= GREEDY_EPS
                 state = self.states[req_id] = LookaheadState(
-                    self.params,
+                    request_params(self.params, sp) or self.params,  # its own settings (checked when eligible)
                     prompt,
                     stats=self.acceptance_sampled if random else self.acceptance,
                     suffix=self.suffix,

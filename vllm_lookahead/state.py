@@ -66,7 +66,9 @@ class LookaheadState:
         self.stats = stats if stats is not None else AcceptanceStats()
         self.suffix = suffix if params.suffix_candidates else None
         self.req_id = req_id
-        self.shared = shared if params.shared_pool_keys else None
+        # A request with its own n-gram size cannot share n-grams of the server's size.
+        same_n = shared is not None and shared.ngram_size == params.ngram_size
+        self.shared = shared if params.shared_pool_keys and same_n else None
         self.pool = NGramPool(params.ngram_size, params.guess_set_size, max_keys=params.max_pool_keys)
         if params.pool_from_prompt:
             self.pool.seed_from_tokens(prompt_token_ids)
@@ -102,7 +104,7 @@ class LookaheadState:
             src = Source.JACOBI if by_window else Source.POOL
             cands.append(Candidate(value, stats.path_scores(src, None, len(value)), src))
         if self.shared is not None:
-            for value in self.shared.get(x0):
+            for value in self.shared.get(x0)[: p.guess_set_size]:
                 cands.append(Candidate(value, stats.path_scores(Source.SHARED, None, len(value)), Source.SHARED))
         if self.suffix is not None:
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):

@@ -8,7 +8,15 @@ replacement is a pass-through unless the engine was started with `method: "looka
 
 from __future__ import annotations
 
-from vllm_lookahead.patches import attention, cli, cpu_sampling, model_runner, scheduler, speculative_config
+from vllm_lookahead.patches import (
+    attention,
+    cli,
+    cpu_sampling,
+    model_runner,
+    requests,
+    scheduler,
+    speculative_config,
+)
 from vllm_lookahead.patches.base import Patch, applied, apply, original, revert
 
 __all__ = ["PATCHES", "Patch", "applied", "apply_all", "original", "revert_all"]
@@ -20,6 +28,7 @@ PATCHES: list[Patch] = [
     *attention.PATCHES,
     *cpu_sampling.PATCHES,
     *scheduler.PATCHES,
+    *requests.PATCHES,
 ]
 
 
