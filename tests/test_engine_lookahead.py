@@ -119,13 +119,16 @@ def batch(model_path):
 
 
 @pytest.fixture(scope="module")
-def plain_generation(model_path, batch):
-    prompts, params, _ = batch
+def plain_llm(model_path):
     llm = make_llm(model_path, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
-    try:
-        return llm.generate(prompts, params, use_tqdm=False)
-    finally:
-        del llm
+    yield llm
+    del llm
+
+
+@pytest.fixture(scope="module")
+def plain_generation(plain_llm, batch):
+    prompts, params, _ = batch
+    return plain_llm.generate(prompts, params, use_tqdm=False)
 
 
 @pytest.fixture(scope="module")
@@ -319,17 +322,69 @@ def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_pat
         assert ref_stats["steps"] != server_stats["steps"]
         for source in ("lookup", "suffix"):
             assert after[f"drafted_{source}"] == before[f"drafted_{source}"], source
-        assert after["drafted_window"] > before["drafted_window"]
+        # Its trees were its own size: at most own.max_tree_nodes nodes a step.
+        drafted = sum(after[k] - before[k] for k in after if k.startswith("drafted_"))
+        tree_steps = after["tree_steps"] - before["tree_steps"]
+        assert 0 < drafted <= tree_steps * (own.max_tree_nodes - 1) < tree_steps * (server.max_tree_nodes - 1)
 
 
 def test_invalid_per_request_settings_refuse_that_request_only(la_llm):
+    """Refused as vLLM refuses a bad sampling parameter (VLLMValidationError, HTTP 400), naming the key."""
     from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
 
     bad = SamplingParams(max_tokens=8, extra_args={"lookahead": {"window_size": LA_CONFIG["window_size"] + 1}})
-    with pytest.raises(ValueError, match=r"extra_args\.lookahead\.window_size must be an integer in \[1, 4\]"):
+    with pytest.raises(VLLMValidationError, match=r"extra_args\.lookahead\.window_size must be an integer in \[1, 4\]"):
         la_llm.generate("def add(a, b):", bad, use_tqdm=False)
-    with pytest.raises(ValueError, match=r"extra_args\.lookahead\.node_cost is engine-wide"):
+    with pytest.raises(VLLMValidationError, match=r"extra_args\.lookahead\.node_cost is engine-wide"):
         la_llm.generate("def add(a, b):", SamplingParams(extra_args={"lookahead": {"node_cost": 1.0}}), use_tqdm=False)
     out = la_llm.generate("def add(a, b):", SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8
+    assert _settled_stats(la_llm)["live_states"] == 0
+
+
+def _served(llm, prompt, sp) -> list[tuple[int, ...]] | str:
+    """Each output's tokens, or the error the request was refused with."""
+    try:
+        out = llm.generate(prompt, sp, use_tqdm=False)
+    except Exception as e:  # noqa: BLE001 - the refusal itself is what is compared
+        return f"{type(e).__name__}: {e}"
+    return [tuple(c.token_ids) for c in out[0].outputs]
+
+
+def test_odd_requests_are_served_or_refused_as_plain_decoding(plain_llm, la_llm, model_path):
+    """Empty prompts, prompts that fill the context, one-token outputs, n > 1, stops inside an accepted run and
+    out-of-vocabulary ids: what lookahead returns (or the error it raises) is plain decoding's."""
+    from transformers import AutoTokenizer
+    from vllm import SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    code = humaneval_prompts(5)[4]
+    greedy = SamplingParams(temperature=0.0, max_tokens=48)
+    # A stop string from the middle of plain decoding's own output, so that the cut falls inside the output.
+    plain_out = plain_llm.generate(code, greedy, use_tqdm=False)[0].outputs[0]
+    plain_text = plain_out.text
+    stop = plain_text[len(plain_text) // 2 :][:6]
+    full = tok("\n".join(humaneval_prompts(40)))["input_ids"][: MAX_MODEL_LEN - 1]
+    cases = {
+        "empty prompt ids": ({"prompt_token_ids": []}, greedy),
+        "empty prompt text": ("", greedy),
+        "prompt of max_model_len - 1": ({"prompt_token_ids": full}, SamplingParams(temperature=0.0, max_tokens=8)),
+        "prompt of max_model_len": ({"prompt_token_ids": [*full, 13]}, greedy),
+        "max_tokens=1": (code, SamplingParams(temperature=0.0, max_tokens=1)),
+        "n=3 seeded": (code, SamplingParams(n=3, temperature=0.8, seed=3, max_tokens=24, ignore_eos=True)),
+        "n=2 seeded top-k": (code, SamplingParams(n=2, temperature=0.6, top_k=8, seed=5, max_tokens=24)),
+        "stop inside the output": (code, SamplingParams(temperature=0.0, max_tokens=48, stop=[stop])),
+        "out-of-vocabulary id": ({"prompt_token_ids": [1, 2, tok.vocab_size + 1000]}, greedy),
+        "negative id": ({"prompt_token_ids": [1, -5, 2]}, greedy),
+    }
+    got = {name: _served(la_llm, prompt, sp) for name, (prompt, sp) in cases.items()}
+    want = {name: _served(plain_llm, prompt, sp) for name, (prompt, sp) in cases.items()}
+    for name in cases:
+        assert got[name] == want[name], name
+    # The cases test what they say: refusals where plain decoding refuses, outputs where it serves.
+    assert isinstance(want["out-of-vocabulary id"], str) and isinstance(want["prompt of max_model_len"], str)
+    assert len(want["prompt of max_model_len - 1"][0]) == 1 and len(want["max_tokens=1"][0]) == 1
+    assert len(want["n=3 seeded"]) == 3 and len(set(want["n=3 seeded"])) > 1
+    assert len(want["stop inside the output"][0]) < len(plain_out.token_ids)
     assert _settled_stats(la_llm)["live_states"] == 0

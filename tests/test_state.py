@@ -179,3 +179,27 @@ def test_sampling_with_one_hot_target_through_state_is_greedy():
         out.extend(toks)
     assert out[:100] == greedy_reference(periodic_target, prompt, 100)
     assert state.num_tokens / state.num_steps > 1.5
+
+
+def test_memory_is_bounded_over_a_long_generation():
+    """30k tokens of a large vocabulary: the pool stays within max_pool_keys keys of at most G values each; the
+    prompt-lookup index grows with the sequence (at most 3 keys a token, 4 positions a key), which max_model_len caps;
+    the window and the tails keep their fixed sizes."""
+    rng = random.Random(0)
+    params = LookaheadParams(max_pool_keys=256, suffix_candidates=0)
+    prompt = [rng.randrange(50_000) for _ in range(100)]
+    state = LookaheadState(params, prompt)
+    cols = state.window.num_cols
+    seq = list(prompt)
+    for _ in range(300):
+        seq += [rng.randrange(50_000) for _ in range(100)]
+        state.catch_up(len(seq), lambda a, b, s=seq: s[a:b])
+        tree = state.build_tree(seq[-1])
+        assert tree.num_nodes <= params.max_tree_nodes
+    assert state.seen == len(seq) == 30_100
+    assert len(state.pool) == params.max_pool_keys  # full, and no more
+    assert all(len(v) <= params.guess_set_size for v in state.pool._table.values())
+    assert len(state.lookup._index) <= 3 * len(seq)
+    assert max(len(p) for p in state.lookup._index.values()) <= 4
+    assert len(state.tail) == params.ngram_size - 1 and len(state.recent) <= params.suffix_depth
+    assert state.window.num_cols == cols
