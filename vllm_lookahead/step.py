@@ -35,7 +35,7 @@ class ScheduledTree:
 
 @dataclass
 class LookaheadStep:
-    proposed: dict[str, StepTree]  # request id -> the tree whose drafts were handed to vLLM
+    proposed: dict[str, StepTree]  # request id -> its tree; vLLM was handed a prefix of its nodes as drafts
     scheduled: list[ScheduledTree] = field(default_factory=list)
     attention_rows: list[TreeRows] = field(default_factory=list)  # the scheduled trees that are not chains
     attention_plans: dict[int, object] = field(default_factory=dict)  # attention_path's, per attention metadata

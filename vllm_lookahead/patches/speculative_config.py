@@ -52,6 +52,7 @@ def _post_init(original):
                 "lookahead: only vLLM's CPU platform has a tree-attention path so far; "
                 f"this is {current_platform.device_name or 'another platform'}"
             )
+        _check_parallelism(self.target_parallel_config)
         params = lookahead_params(self)  # ValueError naming the field and its range
         needed = params.max_tree_nodes - 1  # every node but the root x0 is a draft token
         shape = (
@@ -79,6 +80,24 @@ def _post_init(original):
 
     __post_init__.__wrapped__ = original
     return __post_init__
+
+
+def _check_parallelism(pc: Any) -> None:
+    """Tensor parallelism runs (every rank builds the same trees from the same state); the combinations vLLM 0.32's
+    CPU platform cannot run for any speculative method are refused here, before anything starts."""
+    if pc is None:
+        return
+    if pc.pipeline_parallel_size > 1:
+        raise ValueError(
+            f"lookahead: pipeline_parallel_size must be 1 (got {pc.pipeline_parallel_size}): vLLM 0.32 on CPU runs "
+            "no speculative method under pipeline parallelism (its own ngram method fails at start-up the same "
+            "way); use tensor_parallel_size"
+        )
+    if pc.use_ray:
+        raise ValueError(
+            "lookahead: distributed_executor_backend 'ray' cannot run here: vLLM 0.32's CPU platform does not "
+            "support Ray (for any method); use 'mp', the default"
+        )
 
 
 def _rebuild_schema(cls) -> None:
