@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--no-lookahead", action="store_true", help="plain decoding, for comparison")
-    parser.add_argument("--config", default="{}", help='extra lookahead keys as JSON, e.g. \'{"window_size": 6}\'')
+    parser.add_argument("--config", default="{}", help="extra lookahead keys as JSON, e.g. '{\"window_size\": 6}'")
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

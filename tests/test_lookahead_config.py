@@ -123,3 +123,43 @@ def test_patches_are_revertible_and_inert_when_reverted():
     patches.apply_all()
     assert GPUModelRunner._sample is not patches.original("runner._sample")
     assert SpeculativeConfig(method="lookahead").method == "lookahead"
+
+
+def _fuzz_cases():
+    """Every key with a wrong type, a negative, a huge value and NaN: (key, value, the message expected)."""
+    import dataclasses
+    import re
+
+    cases = []
+    for f in dataclasses.fields(LookaheadParams):
+        rng = f.metadata["range"]
+        if rng is None:
+            expected = rf"{f.name} must be a bool"
+        elif isinstance(rng[0], float):
+            expected = rf"{f.name} must be null or a number in \[{rng[0]}, {rng[1]}\]"
+        else:
+            expected = rf"{f.name} must be an integer in \[{rng[0]}, {rng[1]}\]"
+        for value in ("x", [1], {"a": 1}, -1, 2**64, float("nan"), float("-inf")):
+            cases.append(pytest.param(f.name, value, expected, id=f"{f.name}={re.sub(r'[^a-z0-9-]', '', repr(value))}"))
+    return cases
+
+
+@pytest.mark.parametrize(("key", "value", "message"), _fuzz_cases())
+def test_config_fuzz_names_the_key_and_its_range(key, value, message):
+    with pytest.raises(Exception, match=message) as err:
+        _sc(method="lookahead", **{key: value})
+    assert str(err.value).count("lookahead:") == 1  # one message, not a cascade
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '"lookahead"', "3"])
+def test_speculative_config_that_is_not_a_json_object_is_refused(model_path, text):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args(["--model", model_path, "--max-model-len", "512", "--speculative-config", text])
+    with pytest.raises(ValueError, match=r"speculative_config \(--speculative-config\) must be a JSON object"):
+        EngineArgs.from_cli_args(args).create_engine_config()
+    # Text that is not JSON at all: vLLM's parser refuses it, naming the flag.
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", model_path, "--speculative-config", "{not json"])

@@ -1,0 +1,381 @@
+"""A bounded serving soak: `vllm serve` with lookahead on 127.0.0.1 under a mix of concurrent clients.
+
+    python benchmarks/soak_serve.py                         # 5 minutes, 16 clients (the long run)
+    python benchmarks/soak_serve.py --duration 60 --clients 8 --json report.json    # the short run `make test` does
+
+Starts the server (the embedded default model, float32, eager, `--speculative-config '{"method": "lookahead"}'`,
+`VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`), then `--clients` threads send requests until `--duration` is up,
+each drawn from the mix: completions and chat, streaming and not, greedy and sampled, requests with their own
+lookahead settings and opted-out ones, streams the client drops after a few chunks (deliberate aborts), and prompts
+that run into `--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
+worker's live lookahead states. At the end it waits for the server to go idle and reports: requests served per
+kind, errors (anything but a 200 with a complete answer, aborts aside), lookahead states alive at the end, and the
+engine's RSS after warm-up and at the end. Prints a table, saves a PNG (RSS and live states over time) and, with
+`--json`, the report. Exits 1 if errors > 0, live states at the end > 0 or RSS grew by more than `--rss-bound-mb`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"
+KINDS = (
+    "completion",
+    "completion-stream",
+    "chat",
+    "chat-stream",
+    "sampled",
+    "sampled-stream",
+    "own-settings",
+    "opt-out",
+    "abort-mid-stream",
+    "to-max-model-len",
+)
+ABORT_AFTER_CHUNKS = 3
+BLOCK_SIZE = 128
+
+
+@dataclass
+class Report:
+    duration_s: float
+    clients: int
+    served: dict[str, int] = field(default_factory=dict)
+    aborted: int = 0
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    live_states_end: int = -1
+    rss_mb_warm: float = 0.0
+    rss_mb_end: float = 0.0
+    rss_bound_mb: float = 0.0
+    samples: list[dict[str, float]] = field(default_factory=list)  # time, rss_mb, live_states, served
+
+    @property
+    def ok(self) -> bool:
+        grew = self.rss_mb_end - self.rss_mb_warm
+        return self.errors == 0 and self.live_states_end == 0 and grew <= self.rss_bound_mb
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=float, default=300.0, help="seconds of traffic (after the server is up)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (8-32 in the issue's terms)")
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of ordinary requests")
+    p.add_argument("--warmup", type=float, default=None, help="seconds before the RSS baseline (default: 1/4)")
+    p.add_argument("--rss-bound-mb", type=float, default=150.0, help="most RSS growth after warm-up (MiB)")
+    p.add_argument(
+        "--lookahead-config", default='{"method": "lookahead"}', help="speculative_config; none: plain decoding"
+    )
+    p.add_argument("--kv-tokens", type=int, default=8192, help="the server's KV cache, in tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the report here")
+    p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG")
+    args = p.parse_args(argv)
+    if args.clients < 1 or args.duration <= 0:
+        p.error("--clients and --duration must be positive")
+    return args
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
+    import requests
+
+    from vllm_lookahead.models import default_model_path
+
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", default_model_path(),
+        "--host", HOST, "--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", str(args.seed),
+        "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(8, args.clients)),
+        # A KV cache the mix cycles through within the warm-up: its pages are touched on first use, which RSS
+        # would otherwise show as growth for as long as unused blocks remain.
+        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(-(-args.kv_tokens // BLOCK_SIZE)),
+    ]  # fmt: skip
+    if args.lookahead_config != "none":
+        cmd += ["--speculative-config", args.lookahead_config]
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://{HOST}:{port}"
+    deadline = time.monotonic() + 600
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
+        try:
+            if requests.get(f"{base}/health", timeout=5).status_code == 200:
+                return proc, base
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            stop_server(proc)
+            raise RuntimeError(f"vllm serve not healthy after 600 s; see {log_path}")
+        time.sleep(2)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def engine_rss_mb(proc: subprocess.Popen) -> float:
+    """RSS of the server's engine-core process (it holds the worker, the model and the lookahead states)."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0.0
+    rss = []
+    for c in children:
+        try:
+            rss.append(c.memory_info().rss)
+        except psutil.NoSuchProcess:
+            continue
+    return max(rss, default=0) / 2**20  # the engine core is by far the largest child
+
+
+def live_states(base: str) -> int:
+    import requests
+
+    r = requests.post(f"{base}/collective_rpc", json={"method": "lookahead_stats"}, timeout=60)
+    r.raise_for_status()
+    return int(sum(s["live_states"] for s in r.json()["results"] if s))
+
+
+class Client:
+    """One client's loop: draw a kind, send it, check the answer."""
+
+    def __init__(self, base: str, model: str, prompts: dict[str, list[str]], args: argparse.Namespace, seed: int):
+        self.base, self.model, self.prompts, self.args = base, model, prompts, args
+        self.rng = random.Random(seed)
+
+    def body(self, kind: str) -> tuple[str, dict[str, Any], bool]:
+        """(path, JSON body, stream) of one request of `kind`."""
+        rng, mt = self.rng, self.args.max_tokens
+        code = rng.choice(self.prompts["code"])
+        chat = [{"role": "user", "content": rng.choice(self.prompts["chat"])}]
+        greedy = {"temperature": 0.0, "max_tokens": mt}
+        sampled = {"temperature": 0.8, "top_p": 0.95, "max_tokens": mt, "seed": rng.randrange(1 << 30)}
+        if kind == "completion":
+            return "/v1/completions", {"prompt": code, **greedy}, False
+        if kind == "completion-stream":
+            return "/v1/completions", {"prompt": code, **greedy}, True
+        if kind == "chat":
+            return "/v1/chat/completions", {"messages": chat, **greedy}, False
+        if kind == "chat-stream":
+            return "/v1/chat/completions", {"messages": chat, **greedy}, True
+        if kind == "sampled":
+            return "/v1/chat/completions", {"messages": chat, **sampled}, False
+        if kind == "sampled-stream":
+            return "/v1/completions", {"prompt": code, **sampled}, True
+        if kind == "own-settings":
+            own = json.dumps({"window_size": rng.randint(1, 4), "guess_set_size": rng.randint(0, 4)})
+            return "/v1/completions", {"prompt": code, **greedy, "vllm_xargs": {"lookahead": own}}, rng.random() < 0.5
+        if kind == "opt-out":
+            return "/v1/completions", {"prompt": code, **greedy, "vllm_xargs": {"lookahead": False}}, False
+        if kind == "abort-mid-stream":
+            return "/v1/completions", {"prompt": code, **greedy, "max_tokens": 4 * mt}, True
+        # to-max-model-len: a long prompt and no max_tokens, so the request ends at the context's end.
+        return "/v1/completions", {"prompt": self.prompts["long"][0], "temperature": 0.0, "ignore_eos": True}, True
+
+    def one(self, kind: str) -> str:
+        """'ok', 'aborted' or an error description."""
+        import requests
+
+        path, body, stream = self.body(kind)
+        body = {"model": self.model, **body, "stream": stream}
+        with requests.post(f"{self.base}{path}", json=body, stream=stream, timeout=600) as r:
+            if r.status_code != 200:
+                return f"{kind}: HTTP {r.status_code}: {r.text[:200]}"
+            if not stream:
+                choice = r.json()["choices"][0]
+                return "ok" if choice.get("finish_reason") in ("stop", "length") else f"{kind}: {choice}"
+            chunks, finish = 0, None
+            for raw in r.iter_lines():
+                line = raw.decode("utf-8").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    if kind == "to-max-model-len" and finish != "length":
+                        return f"{kind}: finished with {finish!r}, not 'length'"
+                    return "ok" if finish in ("stop", "length") else f"{kind}: stream finished with {finish!r}"
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    return f"{kind}: {chunk['error']}"
+                chunks += 1
+                for c in chunk.get("choices") or ():
+                    finish = c.get("finish_reason") or finish
+                if kind == "abort-mid-stream" and chunks >= ABORT_AFTER_CHUNKS:
+                    return "aborted"  # leaving the `with` closes the connection: the server aborts the request
+            return f"{kind}: stream ended without [DONE]"
+
+
+def soak(args: argparse.Namespace, log_path: Path) -> Report:
+    import requests
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.prompts import humaneval_prompts, sharegpt_prompts
+
+    tok = AutoTokenizer.from_pretrained(default_model_path())
+    long_ids = tok("\n".join(humaneval_prompts(40)))["input_ids"][: args.max_model_len - 3 * args.max_tokens // 2]
+    prompts = {
+        "code": humaneval_prompts(40),
+        "chat": sharegpt_prompts(40, max_chars=600),
+        "long": [tok.decode(long_ids)],
+    }
+    report = Report(duration_s=args.duration, clients=args.clients, rss_bound_mb=args.rss_bound_mb)
+    proc, base = start_server(args, log_path)
+    try:
+        model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        served: Counter[str] = Counter()
+        lock = threading.Lock()
+        start = time.monotonic()
+        stop_at = start + args.duration
+        warm_at = start + (args.duration / 4 if args.warmup is None else args.warmup)
+
+        def loop(i: int) -> None:
+            client = Client(base, model, prompts, args, seed=args.seed * 1000 + i)
+            while time.monotonic() < stop_at:
+                kind = client.rng.choice(KINDS)
+                try:
+                    result = client.one(kind)
+                except Exception as e:  # noqa: BLE001 - a failed request is counted, the soak goes on
+                    result = f"{kind}: {type(e).__name__}: {e}"
+                with lock:
+                    if result == "ok":
+                        served[kind] += 1
+                    elif result == "aborted":
+                        report.aborted += 1
+                    else:
+                        report.errors += 1
+                        if len(report.error_samples) < 10:
+                            report.error_samples.append(result)
+
+        threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(args.clients)]
+        for t in threads:
+            t.start()
+        with tqdm(total=int(args.duration), desc="soak", unit="s") as bar:
+            while any(t.is_alive() for t in threads):
+                now = time.monotonic()
+                sample = {
+                    "t": now - start,
+                    "rss_mb": engine_rss_mb(proc),
+                    "live_states": live_states(base),
+                    "served": sum(served.values()),
+                }
+                report.samples.append(sample)
+                if not report.rss_mb_warm and now >= warm_at:
+                    report.rss_mb_warm = sample["rss_mb"]
+                bar.n = min(int(now - start), int(args.duration))
+                bar.set_postfix(served=sample["served"], errors=report.errors, states=sample["live_states"])
+                bar.refresh()
+                time.sleep(2.0)
+        # One more (opted-out, so it makes no state of its own) request after the last client's: its steps carry the
+        # ids of the requests that finished last, which the worker only learns at a following step.
+        requests.post(
+            f"{base}/v1/completions",
+            json={"model": model, "prompt": "x", "max_tokens": 2, "vllm_xargs": {"lookahead": False}},
+            timeout=120,
+        ).raise_for_status()
+        deadline = time.monotonic() + 30
+        while (states := live_states(base)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        report.live_states_end = states
+        report.rss_mb_end = engine_rss_mb(proc)
+        if not report.rss_mb_warm:
+            report.rss_mb_warm = report.samples[0]["rss_mb"] if report.samples else report.rss_mb_end
+        report.served = dict(sorted(served.items()))
+    finally:
+        stop_server(proc)
+    return report
+
+
+def table(report: Report) -> str:
+    rows = [("requests served", str(sum(report.served.values())))]
+    rows += [(f"  {k}", str(v)) for k, v in report.served.items()]
+    rows += [
+        ("deliberate aborts", str(report.aborted)),
+        ("errors", str(report.errors)),
+        ("lookahead states alive at the end", str(report.live_states_end)),
+        ("engine RSS after warm-up (MiB)", f"{report.rss_mb_warm:.0f}"),
+        ("engine RSS at the end (MiB)", f"{report.rss_mb_end:.0f}"),
+        ("growth bound (MiB)", f"{report.rss_bound_mb:.0f}"),
+        ("verdict", "ok" if report.ok else "FAILED"),
+    ]
+    lines = ["| what | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    return "\n".join(lines)
+
+
+def plot(report: Report, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in report.samples]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    axes[0].plot(t, [s["rss_mb"] for s in report.samples], marker=".")
+    axes[0].axhline(report.rss_mb_warm + report.rss_bound_mb, linestyle="--", color="grey", label="bound")
+    axes[0].set(xlabel="seconds", ylabel="engine RSS (MiB)", title="memory")
+    axes[0].legend()
+    axes[1].plot(t, [s["live_states"] for s in report.samples], marker=".", label="live lookahead states")
+    axes[1].plot(t, [s["served"] / max(1.0, s["t"]) for s in report.samples], label="requests/s (cumulative)")
+    axes[1].set(xlabel="seconds", title=f"{report.clients} clients")
+    axes[1].legend()
+    fig.suptitle(f"vllm serve + lookahead soak, {report.duration_s:.0f} s: {sum(report.served.values())} served, "
+                 f"{report.errors} errors")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"soak_c{args.clients}_d{int(args.duration)}"
+    report = soak(args, out / f"{name}_server.log")
+    print(table(report))
+    for e in report.error_samples:
+        print("error:", e)
+    png = out / f"{name}.png"
+    plot(report, png)
+    print(f"plot: {png}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({**asdict(report), "ok": report.ok}, indent=1))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
