@@ -66,7 +66,7 @@ def ineligible_reason(
             if server is not None:
                 request_params(server, sp)
         except RequestSettingsError as e:
-            return f"the lookahead settings are invalid ({e})"
+            return f"the lookahead setting {e.key} is invalid"  # one log line per key, not per value
         if settings is False:
             return "opted out with extra_args={'lookahead': False}"
     if sp.presence_penalty or sp.frequency_penalty or sp.repetition_penalty != 1.0:
