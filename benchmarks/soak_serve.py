@@ -10,8 +10,11 @@ lookahead settings and opted-out ones, streams the client drops after a few chun
 that run into `--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
 worker's live lookahead states. At the end it waits for the server to go idle and reports: requests served per
 kind, errors (anything but a 200 with a complete answer, aborts aside), lookahead states alive at the end, and the
-engine's RSS after warm-up and at the end. Prints a table, saves a PNG (RSS and live states over time) and, with
-`--json`, the report. Exits 1 if errors > 0, live states at the end > 0 or RSS grew by more than `--rss-bound-mb`.
+engine's RSS after warm-up and at the end. The same mix then runs on plain decoding (unless `--no-baseline`): vLLM's
+engine grows under this mix by itself (about 1 MiB/s here, plain decoding as much as lookahead), so the bound is on
+lookahead's growth beyond plain decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with
+`--json`, the reports. Exits 1 if errors > 0, live states at the end > 0 or lookahead's RSS grew by more than
+`--rss-bound-mb` beyond plain decoding's.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ BLOCK_SIZE = 128
 
 @dataclass
 class Report:
+    config: str  # the speculative_config, or "none"
     duration_s: float
     clients: int
     served: dict[str, int] = field(default_factory=dict)
@@ -59,13 +63,18 @@ class Report:
     live_states_end: int = -1
     rss_mb_warm: float = 0.0
     rss_mb_end: float = 0.0
-    rss_bound_mb: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)  # time, rss_mb, live_states, served
 
     @property
-    def ok(self) -> bool:
-        grew = self.rss_mb_end - self.rss_mb_warm
-        return self.errors == 0 and self.live_states_end == 0 and grew <= self.rss_bound_mb
+    def growth_mb(self) -> float:
+        return self.rss_mb_end - self.rss_mb_warm
+
+
+def verdict(la: Report, plain: Report | None, bound_mb: float) -> tuple[bool, float]:
+    """(ok, lookahead's RSS growth beyond plain decoding's, or its whole growth without a baseline)."""
+    excess = la.growth_mb - (plain.growth_mb if plain is not None else 0.0)
+    errors = la.errors + (plain.errors if plain is not None else 0)
+    return errors == 0 and la.live_states_end == 0 and excess <= bound_mb, excess
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,7 +84,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=48, help="max_tokens of ordinary requests")
     p.add_argument("--warmup", type=float, default=None, help="seconds before the RSS baseline (default: 1/4)")
-    p.add_argument("--rss-bound-mb", type=float, default=150.0, help="most RSS growth after warm-up (MiB)")
+    p.add_argument(
+        "--rss-bound-mb", type=float, default=100.0, help="most RSS growth after warm-up beyond plain decoding's (MiB)"
+    )
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain-decoding run (bound the whole growth)")
     p.add_argument(
         "--lookahead-config", default='{"method": "lookahead"}', help="speculative_config; none: plain decoding"
     )
@@ -95,7 +107,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     import requests
 
     from vllm_lookahead.models import default_model_path
@@ -109,8 +121,8 @@ def start_server(args: argparse.Namespace, log_path: Path) -> tuple[subprocess.P
         # would otherwise show as growth for as long as unused blocks remain.
         "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(-(-args.kv_tokens // BLOCK_SIZE)),
     ]  # fmt: skip
-    if args.lookahead_config != "none":
-        cmd += ["--speculative-config", args.lookahead_config]
+    if config != "none":
+        cmd += ["--speculative-config", config]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     with open(log_path, "wb") as log:
@@ -239,7 +251,7 @@ class Client:
             return f"{kind}: stream ended without [DONE]"
 
 
-def soak(args: argparse.Namespace, log_path: Path) -> Report:
+def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     import requests
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -254,8 +266,8 @@ def soak(args: argparse.Namespace, log_path: Path) -> Report:
         "chat": sharegpt_prompts(40, max_chars=600),
         "long": [tok.decode(long_ids)],
     }
-    report = Report(duration_s=args.duration, clients=args.clients, rss_bound_mb=args.rss_bound_mb)
-    proc, base = start_server(args, log_path)
+    report = Report(config=config, duration_s=args.duration, clients=args.clients)
+    proc, base = start_server(args, config, log_path)
     try:
         model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         served: Counter[str] = Counter()
@@ -285,7 +297,8 @@ def soak(args: argparse.Namespace, log_path: Path) -> Report:
         threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(args.clients)]
         for t in threads:
             t.start()
-        with tqdm(total=int(args.duration), desc="soak", unit="s") as bar:
+        label = "plain" if config == "none" else "lookahead"
+        with tqdm(total=int(args.duration), desc=f"soak ({label})", unit="s") as bar:
             while any(t.is_alive() for t in threads):
                 now = time.monotonic()
                 sample = {
@@ -321,40 +334,48 @@ def soak(args: argparse.Namespace, log_path: Path) -> Report:
     return report
 
 
-def table(report: Report) -> str:
-    rows = [("requests served", str(sum(report.served.values())))]
-    rows += [(f"  {k}", str(v)) for k, v in report.served.items()]
+def table(la: Report, plain: Report | None, bound_mb: float) -> str:
+    runs = [("lookahead", la)] + ([("plain decoding", plain)] if plain is not None else [])
+    kinds = sorted(set(la.served) | set(plain.served if plain else ()))
+    rows = [("requests served", [str(sum(r.served.values())) for _, r in runs])]
+    rows += [(f"  {k}", [str(r.served.get(k, 0)) for _, r in runs]) for k in kinds]
     rows += [
-        ("deliberate aborts", str(report.aborted)),
-        ("errors", str(report.errors)),
-        ("lookahead states alive at the end", str(report.live_states_end)),
-        ("engine RSS after warm-up (MiB)", f"{report.rss_mb_warm:.0f}"),
-        ("engine RSS at the end (MiB)", f"{report.rss_mb_end:.0f}"),
-        ("growth bound (MiB)", f"{report.rss_bound_mb:.0f}"),
-        ("verdict", "ok" if report.ok else "FAILED"),
+        ("deliberate aborts", [str(r.aborted) for _, r in runs]),
+        ("errors", [str(r.errors) for _, r in runs]),
+        ("lookahead states alive at the end", [str(la.live_states_end)] + ["n/a"] * (len(runs) - 1)),
+        ("engine RSS after warm-up (MiB)", [f"{r.rss_mb_warm:.0f}" for _, r in runs]),
+        ("engine RSS at the end (MiB)", [f"{r.rss_mb_end:.0f}" for _, r in runs]),
+        ("growth (MiB)", [f"{r.growth_mb:+.0f}" for _, r in runs]),
     ]
-    lines = ["| what | value |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows]
+    ok, excess = verdict(la, plain, bound_mb)
+    head = ["what", *(name for name, _ in runs)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join([a, *b]) + " |" for a, b in rows]
+    what = "beyond plain decoding's" if plain is not None else "in all"
+    lines.append(f"\nlookahead's RSS growth {what}: {excess:+.0f} MiB (bound {bound_mb:.0f}); verdict: "
+                 f"{'ok' if ok else 'FAILED'}")  # fmt: skip
     return "\n".join(lines)
 
 
-def plot(report: Report, path: Path) -> None:
+def plot(la: Report, plain: Report | None, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = [s["t"] for s in report.samples]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    axes[0].plot(t, [s["rss_mb"] for s in report.samples], marker=".")
-    axes[0].axhline(report.rss_mb_warm + report.rss_bound_mb, linestyle="--", color="grey", label="bound")
-    axes[0].set(xlabel="seconds", ylabel="engine RSS (MiB)", title="memory")
-    axes[0].legend()
-    axes[1].plot(t, [s["live_states"] for s in report.samples], marker=".", label="live lookahead states")
-    axes[1].plot(t, [s["served"] / max(1.0, s["t"]) for s in report.samples], label="requests/s (cumulative)")
-    axes[1].set(xlabel="seconds", title=f"{report.clients} clients")
-    axes[1].legend()
-    fig.suptitle(f"vllm serve + lookahead soak, {report.duration_s:.0f} s: {sum(report.served.values())} served, "
-                 f"{report.errors} errors")  # fmt: skip
+    for name, r in [("lookahead", la)] + ([("plain decoding", plain)] if plain is not None else []):
+        t = [s["t"] for s in r.samples]
+        axes[0].plot(t, [s["rss_mb"] for s in r.samples], marker=".", label=name)
+        axes[1].plot(t, [s["served"] / max(1.0, s["t"]) for s in r.samples], label=f"requests/s, {name}")
+    t = [s["t"] for s in la.samples]
+    axes[1].plot(t, [s["live_states"] for s in la.samples], marker=".", label="live lookahead states")
+    axes[0].set(xlabel="seconds", ylabel="engine RSS (MiB)", title="engine memory")
+    axes[1].set(xlabel="seconds", title=f"{la.clients} clients")
+    for ax in axes:
+        ax.legend()
+    fig.suptitle(f"vllm serve soak, {la.duration_s:.0f} s: lookahead served {sum(la.served.values())} requests, "
+                 f"{la.errors} errors")  # fmt: skip
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -365,16 +386,26 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"soak_c{args.clients}_d{int(args.duration)}"
-    report = soak(args, out / f"{name}_server.log")
-    print(table(report))
-    for e in report.error_samples:
-        print("error:", e)
+    la = soak(args, args.lookahead_config, out / f"{name}_server.log")
+    plain = None if args.no_baseline else soak(args, "none", out / f"{name}_plain_server.log")
+    print(table(la, plain, args.rss_bound_mb))
+    for r in (la, plain):
+        for e in r.error_samples if r is not None else ():
+            print(f"error ({r.config}):", e)
     png = out / f"{name}.png"
-    plot(report, png)
+    plot(la, plain, png)
     print(f"plot: {png}")
+    ok, excess = verdict(la, plain, args.rss_bound_mb)
     if args.json:
-        Path(args.json).write_text(json.dumps({**asdict(report), "ok": report.ok}, indent=1))
-    return 0 if report.ok else 1
+        report = {
+            "lookahead": asdict(la),
+            "plain": asdict(plain) if plain else None,
+            "excess_growth_mb": excess,
+            "rss_bound_mb": args.rss_bound_mb,
+            "ok": ok,
+        }
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
