@@ -36,20 +36,32 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+DATASET_NAMES = {"humaneval": "HumanEval", "sharegpt": "ShareGPT"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--windows", type=_int_list, default=[1, 2, 4, 8, 16], help="window sizes W (comma list)")
     p.add_argument("--ngrams", type=_int_list, default=[3, 5], help="n-gram sizes N (comma list, each >= 2)")
     p.add_argument("--guess-set-size", type=int, default=None, help="guess set size G for every run (default: G = W)")
     p.add_argument(
+        "--suffix-candidates",
+        type=int,
+        default=0,
+        help="suffix-tree nodes per step (default 0: the paper's window + pool only)",
+    )
+    p.add_argument(
         "--lookup-candidates",
         type=int,
         default=0,
         help="prompt-lookup candidates per step (default 0: the paper's window + pool only)",
     )
-    p.add_argument("--num-prompts", type=int, default=3, help="first n HumanEval prompts")
+    p.add_argument("--num-prompts", type=int, default=3, help="first n prompts of the dataset")
+    p.add_argument("--dataset", choices=("humaneval", "sharegpt"), default="humaneval", help="sharegpt: chat template")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (greedy)")
-    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument(
+        "--model", default=None, help="a registered model name (vllm_lookahead.models) or a folder; default: embedded"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
     args = p.parse_args(argv)
@@ -115,7 +127,11 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
                 bar.set_postfix_str(f"{cfg['label']} G={g} prompt {i}")
                 counter.lengths.clear()
                 params = LookaheadParams(
-                    window_size=w, ngram_size=n, guess_set_size=g, lookup_candidates=args.lookup_candidates
+                    window_size=w,
+                    ngram_size=n,
+                    guess_set_size=g,
+                    lookup_candidates=args.lookup_candidates,
+                    suffix_candidates=args.suffix_candidates,
                 )
                 out, stats = lookahead_generate(model, ids, args.max_new_tokens, params)
                 steps += stats["steps"]
@@ -135,7 +151,13 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
                         {"prompt": i, "first_diff": at, "len": len(out), "baseline_len": len(baseline_tokens[i])}
                     )
                 bar.update(1)
-            nodes = 1 if cfg["label"] == "baseline" else LookaheadParams(w, n, g, lookup_candidates=0).max_tree_nodes
+            nodes = (
+                1
+                if cfg["label"] == "baseline"
+                else LookaheadParams(
+                    w, n, g, lookup_candidates=args.lookup_candidates, suffix_candidates=args.suffix_candidates
+                ).max_tree_nodes
+            )
             rows.append(
                 {
                     "label": cfg["label"],
@@ -272,7 +294,9 @@ def run_stem(args: argparse.Namespace) -> str:
     g = "W" if args.guess_set_size is None else str(args.guess_set_size)
     ws = "-".join(map(str, args.windows))
     ns = "-".join(map(str, args.ngrams))
-    return f"scaling_W{ws}_N{ns}_G{g}_n{args.num_prompts}_t{args.max_new_tokens}"
+    extra = "" if args.dataset == "humaneval" else f"_{args.dataset}"
+    extra += f"_{Path(args.model).name}" if args.model else ""
+    return f"scaling_W{ws}_N{ns}_G{g}_n{args.num_prompts}_t{args.max_new_tokens}{extra}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,23 +304,26 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import humaneval_prompts
+    from vllm_lookahead.models import MODELS, default_model_path, prepare
+    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model_path = args.model or default_model_path()
+    model_path = str(prepare(args.model)) if args.model in MODELS else args.model or default_model_path()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     model.eval()
-    prompts = humaneval_prompts(args.num_prompts)
+    if args.dataset == "sharegpt":
+        prompts = [as_chat(tokenizer, p) for p in sharegpt_prompts(args.num_prompts, max_chars=1200)]
+    else:
+        prompts = humaneval_prompts(args.num_prompts)
     prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
 
     rows = run_sweep(model, prompt_ids, args)
     g_text = "G=W" if args.guess_set_size is None else f"G={args.guess_set_size}"
     title = (
         f"{Path(model_path).name}, float32, greedy, reference decoder, {g_text}, "
-        f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} tokens"
+        f"{len(prompts)} {DATASET_NAMES[args.dataset]} prompts x {args.max_new_tokens} tokens"
     )
     print(f"\n{title}\n")
     print(markdown_table(rows))
