@@ -69,6 +69,18 @@ class Report:
     def growth_mb(self) -> float:
         return self.rss_mb_end - self.rss_mb_warm
 
+    @property
+    def tail_slope_mb_per_min(self) -> float:
+        """RSS trend over the last third of the run (least-squares, MiB per minute): about 0 once memory levels."""
+        tail = self.samples[len(self.samples) * 2 // 3 :]
+        if len(tail) < 3:
+            return float("nan")
+        t = [s["t"] for s in tail]
+        y = [s["rss_mb"] for s in tail]
+        mt, my = sum(t) / len(t), sum(y) / len(y)
+        var = sum((a - mt) ** 2 for a in t)
+        return 60 * sum((a - mt) * (b - my) for a, b in zip(t, y, strict=True)) / var if var else float("nan")
+
 
 def verdict(la: Report, plain: Report | None, bound_mb: float) -> tuple[bool, float]:
     """(ok, lookahead's RSS growth beyond plain decoding's, or its whole growth without a baseline)."""
@@ -346,6 +358,7 @@ def table(la: Report, plain: Report | None, bound_mb: float) -> str:
         ("engine RSS after warm-up (MiB)", [f"{r.rss_mb_warm:.0f}" for _, r in runs]),
         ("engine RSS at the end (MiB)", [f"{r.rss_mb_end:.0f}" for _, r in runs]),
         ("growth (MiB)", [f"{r.growth_mb:+.0f}" for _, r in runs]),
+        ("RSS trend over the last third (MiB/min)", [f"{r.tail_slope_mb_per_min:+.1f}" for _, r in runs]),
     ]
     ok, excess = verdict(la, plain, bound_mb)
     head = ["what", *(name for name, _ in runs)]
@@ -398,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ok, excess = verdict(la, plain, args.rss_bound_mb)
     if args.json:
         report = {
-            "lookahead": asdict(la),
-            "plain": asdict(plain) if plain else None,
+            "lookahead": {**asdict(la), "tail_slope_mb_per_min": la.tail_slope_mb_per_min},
+            "plain": {**asdict(plain), "tail_slope_mb_per_min": plain.tail_slope_mb_per_min} if plain else None,
             "excess_growth_mb": excess,
             "rss_bound_mb": args.rss_bound_mb,
             "ok": ok,

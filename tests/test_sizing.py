@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.acceptance import AcceptanceStats
-from vllm_lookahead.sizing import StepCost, choose_sizes
+from vllm_lookahead.sizing import StepCost, choose_sizes, score_floor
 from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
 
 
@@ -99,6 +99,67 @@ def test_growing_step_cost_shrinks_trees_then_turns_drafting_off():
     cost = StepCost(relative_node_cost=0.03)
     assert choose_sizes([_tree([0.3, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [1] * 16
     assert choose_sizes([_tree([0.34, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [2] * 16
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    slope=st.sampled_from([0.0, 0.005, 0.03, 0.1, 0.5]),
+    batch=st.integers(1, 24),
+    trained=st.sampled_from([None, Source.POOL, Source.LOOKUP, Source.WINDOW]),
+    seed=st.integers(0, 1000),
+)
+def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained, seed):
+    """Leaving out the nodes under `score_floor` changes no step's drafts: the sizing never takes them."""
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.state import LookaheadState
+
+    rng = random.Random(seed)
+    stats = AcceptanceStats()
+    if trained is not None:  # a source that has been accepted often, so some nodes clear the bar
+        probe = build_step_tree(0, None, [Candidate([1, 2, 3], [0.3, 0.1, 0.05], trained)])
+        for _ in range(500):
+            stats.observe(probe, [1, 2, 3] if trained != Source.WINDOW else [])
+    params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=4, suffix_candidates=0)
+    prompts = [[rng.randrange(12) for _ in range(rng.randint(4, 60))] for _ in range(batch)]
+    cost = StepCost(relative_node_cost=slope)
+    floor = score_floor(cost, batch, batch)
+    full, cut = [], []
+    for prompt in prompts:
+        x0 = rng.randrange(12)
+        full.append(LookaheadState(params, prompt, stats=stats).build_tree(x0))
+        cut.append(LookaheadState(params, prompt, stats=stats).build_tree(x0, min_score=floor))
+    assert all(min(t.scores[1:], default=1.0) > floor for t in cut)
+    caps = [100] * batch
+    sizes_full = choose_sizes(full, caps, batch, cost, budget=1000)
+    sizes_cut = choose_sizes(cut, caps, batch, cost, budget=1000)
+    assert sizes_full == sizes_cut
+    for a, b, k in zip(full, cut, sizes_full, strict=True):
+        # the same nodes, but for the order among equal scores (where merging made a node later in one tree)
+        assert a.scores[:k] == b.scores[:k]
+        last = a.scores[k - 1]
+
+        def above(t: StepTree, k: int = k, last: float = last) -> set[tuple[int, ...]]:
+            return {tuple(t.tokens[v] for v in t.path(u)) for u in range(k) if t.scores[u] > last}
+
+        assert above(a) == above(b)
+
+
+def test_a_dear_step_drafts_no_nodes_at_all():
+    """16 requests at a relative node cost of 0.03: no untrained pool n-gram (prior 0.3) or window slot clears
+    the bar (0.32), so none is even drafted; a likelier source's nodes (prompt lookup, prior 0.5) still are."""
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.state import LookaheadState
+
+    cost = StepCost(relative_node_cost=0.03)
+    floor = score_floor(cost, 16, 16)
+    assert floor == pytest.approx(16 * 0.03 / (1 + 16 * 0.03))
+    params = LookaheadParams(suffix_candidates=0, lookup_candidates=0)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    assert LookaheadState(params, prompt).build_tree(4).num_nodes > 5
+    assert LookaheadState(params, prompt).build_tree(4, min_score=floor).num_nodes == 1
+    lookup = LookaheadParams(suffix_candidates=0, lookup_candidates=1)
+    tree = LookaheadState(lookup, prompt).build_tree(4, min_score=floor)
+    assert tree.num_nodes > 1 and set(tree.sources[1:]) == {Source.LOOKUP}
 
 
 def test_acceptance_rates_follow_verification():

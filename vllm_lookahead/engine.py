@@ -31,7 +31,7 @@ from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.eligibility import ineligible_reason, request_params
 from vllm_lookahead.pool import NGramPool
-from vllm_lookahead.sizing import StepCost, choose_sizes
+from vllm_lookahead.sizing import StepCost, choose_sizes, score_floor
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
 from vllm_lookahead.suffix import SuffixCandidates
@@ -70,9 +70,12 @@ class LookaheadStats:
 
 
 class LookaheadEngine:
-    def __init__(self, params: LookaheadParams, max_model_len: int) -> None:
+    def __init__(self, params: LookaheadParams, max_model_len: int, ranks: int = 1) -> None:
         self.params = params
         self.max_model_len = max_model_len
+        # Under tensor parallelism every rank must build the same trees, but each sizes them from its own step
+        # timings: there the trees are built whole and only cut to the driver's scheduled drafts (begin_step).
+        self.ranks = ranks
         self.states: dict[str, LookaheadState] = {}
         self.stats = LookaheadStats()
         # Shared by all requests: what nodes of each source turn out to be worth, what a step costs, and the
@@ -313,7 +316,7 @@ class LookaheadEngine:
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         step = self.pending = LookaheadStep(proposed={})
         rows: list[tuple[int, str]] = []
-        trees: list[StepTree] = []
+        ready: list[tuple[LookaheadState, int]] = []
         caps: list[int] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
@@ -338,10 +341,13 @@ class LookaheadEngine:
                 )
             state.catch_up(num_tokens, lambda a, b, i=i: batch.token_ids_cpu[i, a:b].tolist())
             rows.append((i, req_id))
-            trees.append(state.build_tree(int(sampled[-1])))
+            ready.append((state, int(sampled[-1])))
             caps.append(room + 1)
-        if not trees:
+        if not ready:
             return drafts
+        # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
+        floor = score_floor(self.cost, len(ready), batch.num_reqs) if self.ranks == 1 else 0.0
+        trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
         budget = self.params.step_token_budget - len(trees)
         sizes = choose_sizes(trees, caps, other_tokens=batch.num_reqs, cost=self.cost, budget=budget)
         for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):

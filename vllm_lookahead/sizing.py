@@ -62,6 +62,14 @@ class StepCost:
         return a, b
 
 
+def score_floor(cost: StepCost, num_trees: int, other_tokens: int) -> float:
+    """The bar a node's score must clear before `choose_sizes` takes any node: the bar only rises as nodes are
+    taken (a node raises it exactly when it clears it), so no node scoring at or below this is ever taken, and
+    the sources need not draft such nodes at all (at a large batch on a CPU, most of them)."""
+    fixed, per_token = cost.line()
+    return num_trees * per_token / (fixed + per_token * other_tokens)
+
+
 def choose_sizes(
     trees: Sequence[StepTree], caps: Sequence[int], other_tokens: int, cost: StepCost, budget: int
 ) -> list[int]:

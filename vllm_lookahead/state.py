@@ -88,29 +88,46 @@ class LookaheadState:
         if self.suffix is not None:
             self.suffix.start(req_id, prompt_token_ids)
 
-    def build_tree(self, x0: int, max_nodes: int | None = None) -> StepTree:
+    def build_tree(self, x0: int, max_nodes: int | None = None, min_score: float = 0.0) -> StepTree:
         """This step's tree, best-scored nodes first: root x0, the lookup, pool and suffix candidates and the
-        window; at most max_nodes nodes (default and ceiling: params.max_tree_nodes)."""
+        window; at most max_nodes nodes (default and ceiling: params.max_tree_nodes). min_score > 0 leaves out every
+        node scoring at or below it (the step's sizing would not take it: `sizing.score_floor`), and so the work of
+        drafting it."""
         if self.seen == self.prompt_len:
             self._learn([x0])  # the prefill's token (later ones arrive through update/catch_up)
         self.x0 = x0
         self.window.set_x0(x0)
         p, stats = self.params, self.stats
         cands: list[Candidate] = []
-        if self.lookup is not None:
+
+        def add(tokens: Sequence[int], source: Source, estimates: Sequence[float] | None = None) -> None:
+            scores = stats.path_scores(source, estimates, len(tokens))
+            if min_score > 0:  # scores never grow along a path: keep the head above the bar
+                k = sum(1 for s in scores if s > min_score)
+                if k < len(tokens):
+                    tokens, scores = tokens[:k], scores[:k]
+                    estimates = None if estimates is None else estimates[:k]
+                    if not k:
+                        return
+            cands.append(Candidate(tokens, scores, source, estimates))
+
+        def worth(source: Source) -> bool:  # can a depth-1 node of this source clear the bar?
+            return min_score <= 0 or min(1.0, stats.factor(source, 1)) > min_score
+
+        if self.lookup is not None and worth(Source.LOOKUP):
             for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
-                cands.append(Candidate(c, stats.path_scores(Source.LOOKUP, None, len(c)), Source.LOOKUP))
-        for value, by_window in self.pool.get_with_origin(x0):
-            src = Source.JACOBI if by_window else Source.POOL
-            cands.append(Candidate(value, stats.path_scores(src, None, len(value)), src))
-        if self.shared is not None:
+                add(c, Source.LOOKUP)
+        if worth(Source.POOL) or worth(Source.JACOBI):
+            for value, by_window in self.pool.get_with_origin(x0):
+                add(value, Source.JACOBI if by_window else Source.POOL)
+        if self.shared is not None and worth(Source.SHARED):
             for value in self.shared.get(x0)[: p.guess_set_size]:
-                cands.append(Candidate(value, stats.path_scores(Source.SHARED, None, len(value)), Source.SHARED))
-        if self.suffix is not None:
+                add(value, Source.SHARED)
+        if self.suffix is not None and worth(Source.SUFFIX):
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
-                scores = stats.path_scores(Source.SUFFIX, c.estimates, len(c.tokens))
-                cands.append(Candidate(c.tokens, scores, Source.SUFFIX, c.estimates))
-        tree = build_step_tree(x0, self.window, cands, merge=self.merge, window_score=stats.window_value)
+                add(c.tokens, Source.SUFFIX, c.estimates)
+        window = self.window if min_score <= 0 or stats.window_value > min_score else None
+        tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
         return tree.by_score().truncate(cap)
 

@@ -36,7 +36,11 @@ def _init(original):
             original(self, vllm_config, *args, **kwargs)
         finally:
             sc.method, sc.model = METHOD, METHOD
-        self._lookahead = LookaheadEngine(lookahead_params(sc), vllm_config.model_config.max_model_len)
+        self._lookahead = LookaheadEngine(
+            lookahead_params(sc),
+            vllm_config.model_config.max_model_len,
+            ranks=vllm_config.parallel_config.world_size,
+        )
 
     return __init__
 
