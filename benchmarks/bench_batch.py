@@ -46,18 +46,32 @@ def run_level(args: argparse.Namespace, rest: list[str], c: int) -> list[dict[st
     return rows
 
 
+def step_cost(r: dict[str, Any]) -> tuple[float, float, float] | None:
+    """Lookahead's step-cost line at the end of the row's run (fixed and per-token ms) and the bar a first node's
+    score had to clear at this concurrency C: C * per_token / (fixed + per_token * C) (`sizing.score_floor`)."""
+    stats = r.get("lookahead_stats")
+    if not stats or "step_cost_fixed" not in stats:
+        return None
+    a, b, c = stats["step_cost_fixed"], stats["step_cost_per_token"], r["concurrency"]
+    return 1e3 * a, 1e3 * b, c * b / (a + b * c)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ["dataset", "concurrency", "method", "tokens/s", "vs none", "tokens/forward", "drafts/step", "identical"]
+    head = ["dataset", "concurrency", "method", "tokens/s", "vs none", "tokens/forward", "drafts/step", "identical",
+            "step cost: fixed + per token (ms)", "bar for a first node"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r.get('status')} | | | | |")
+            lines.append(f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r.get('status')} |" + " |" * 6)
             continue
         ident = f"{r['identical']}/{r['prompts']}" if "identical" in r else "n/a"
+        cost = step_cost(r)
+        line = "" if cost is None else f"{cost[0]:.1f} + {cost[1]:.2f} T"
+        bar = "" if cost is None else f"{cost[2]:.2f}"
         lines.append(
             f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | "
             f"{bm._fmt(r.get('vs_none'), '.2f')} | {r['tokens_per_forward']:.2f} | {r['drafts_per_step']:.1f} | "
-            f"{ident} |"
+            f"{ident} | {line} | {bar} |"
         )
     return "\n".join(lines)
 

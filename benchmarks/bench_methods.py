@@ -262,6 +262,9 @@ def worker(args: argparse.Namespace) -> int:
             datasets[dataset] = run_dataset(llm, prompts, args, f"{method}/{dataset}")
         except Exception as e:
             datasets[dataset] = {"status": "failed", "reason": _one_line(e)}
+        if method.startswith("lookahead"):
+            # the worker's counters after this dataset: the step-cost line its sizing used, acceptance per source
+            datasets[dataset]["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
     return finish(status="ok", datasets=datasets)
 
 
@@ -349,6 +352,8 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
                 spec_counters=spec,
                 per_prompt=data["per_prompt"],
             )
+            if data.get("lookahead_stats"):
+                row["lookahead_stats"] = data["lookahead_stats"]
             if base_ok:
                 row["vs_none"] = tps / (base["output_tokens"] / base["time_s"])
                 if args.temperature == 0:  # unseeded samples differ from run to run by design
