@@ -52,8 +52,10 @@ def step_cost(r: dict[str, Any]) -> tuple[float, float, float] | None:
     stats = r.get("lookahead_stats")
     if not stats or "step_cost_fixed" not in stats:
         return None
+    from vllm_lookahead.sizing import StepCost, score_floor
+
     a, b, c = stats["step_cost_fixed"], stats["step_cost_per_token"], r["concurrency"]
-    return 1e3 * a, 1e3 * b, c * b / (a + b * c)
+    return 1e3 * a, 1e3 * b, score_floor(StepCost(relative_node_cost=b / a), c, c)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
