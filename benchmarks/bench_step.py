@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["project", "vllm"],
         help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime); vllm: vLLM's defaults",
     )
+    p.add_argument(
+        "--bare-only", action="store_true", help="only the bare steps (the cost curve of T tokens), no lookahead runs"
+    )
     p.add_argument("--out", default="benchmarks/results/")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -300,7 +303,7 @@ def _part(r: dict[str, Any], name: str) -> float:
     return r[{"stock attn": "stock_attn", "tree attn": "tree_attn", "sample+verify": "sample_verify"}.get(name, name)]
 
 
-def plot(rows: list[dict[str, Any]], dtype: str, path: Path) -> None:
+def plot(rows: list[dict[str, Any]], dtype: str, path: Path, model: str = "default model") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -337,7 +340,7 @@ def plot(rows: list[dict[str, Any]], dtype: str, path: Path) -> None:
         ax.set_title(f"context {ctx}")
     axes[0][0].set_ylabel("ms per engine step (median)")
     fig.legend(loc="lower center", ncol=3, fontsize=8)
-    fig.suptitle(f"Engine step breakdown, {dtype}, default model, batch 1")
+    fig.suptitle(f"Engine step breakdown, {dtype}, {model}, batch 1")
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -366,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runtime == "project":
         os.environ.update(cpu_runtime.environment())
     tree_path = "reference" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "kernel"
-    kinds = ["bare", *(f"tree={t}" for t in args.tree_list)]
+    kinds = ["bare", *(() if args.bare_only else (f"tree={t}" for t in args.tree_list))]
     jobs = [(k, d) for d in args.dtype_list for k in kinds]
     results = []
     for kind, dtype in tqdm(jobs, desc="configurations", file=sys.stderr):
@@ -378,13 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"step_T{'-'.join(map(str, args.tree_list))}_ctx{'-'.join(map(str, args.context_list))}"
     stem += ("_vllm-runtime" if args.runtime == "vllm" else "") + ("_reference" if tree_path == "reference" else "")
+    stem += f"_{Path(args.model).name}" if args.model else ""
+    stem += "_bare" if args.bare_only else ""
     for dtype in args.dtype_list:
         print(f"\n### {dtype} (ms per engine step, medians; batch 1; tree attention: {tree_path}; "
               f"{cpu_runtime.describe({})})\n")  # fmt: skip
         print(markdown(rows, dtype))
-        png = out / f"{stem}_{dtype}.png"
-        plot(rows, dtype, png)
-        print(f"\nchart: {png}")
+        if not args.bare_only:  # the chart stacks lookahead steps against bare ones: nothing to draw without them
+            png = out / f"{stem}_{dtype}.png"
+            plot(rows, dtype, png, Path(args.model).name if args.model else "default model")
+            print(f"\nchart: {png}")
     append_jsonl(out / f"{stem}.jsonl", vars(args) | {"worker": None}, rows)
     return 0
 
