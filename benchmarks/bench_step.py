@@ -56,7 +56,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--contexts", default="128,512,1536", help="cached tokens before the measured steps")
     p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per context (lookahead and plain)")
     p.add_argument("--repeats", type=int, default=3, help="bare-forward repetitions per (context, T)")
-    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument(
+        "--model", default=None, help="a registered model name (vllm_lookahead.models) or a folder; default: embedded"
+    )
     p.add_argument(
         "--runtime",
         default="project",
@@ -170,7 +172,7 @@ def worker(args: argparse.Namespace) -> int:
 
     from vllm_lookahead.prompts import humaneval_prompts
 
-    model = args.model or _default_model()
+    model = _model_path(args.model)
     common = dict(model=model, dtype=dtype, max_model_len=2048, seed=0, enforce_eager=True, max_num_seqs=1)
     if kind == "bare":
         llm = LLM(**common, enable_prefix_caching=True)
@@ -207,10 +209,13 @@ def worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _default_model() -> str:
-    from vllm_lookahead.models import default_model_path
+def _model_path(name: str | None) -> str:
+    """A registered model's folder (prepared if need be), a folder as given, or the embedded default model's."""
+    from vllm_lookahead.models import MODELS, default_model_path, prepare
 
-    return default_model_path()
+    if name is None:
+        return default_model_path()
+    return str(prepare(name)) if name in MODELS else name
 
 
 # ------------------------------------------------------------------------------------------------- main side
