@@ -1,0 +1,78 @@
+"""Where an engine's time goes, by Python function: cProfile around an in-process `LLM.generate`.
+
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --dtype bfloat16 --concurrency 16
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --method none ...   # plain
+
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with max_num_seqs = --concurrency, eager, on
+HumanEval prompts (greedy). After a warm-up batch, `--num-prompts` prompts are generated under cProfile. Prints the
+tokens/s (cProfile slows Python-heavy code more than the forward's kernels: compare methods within one profile's
+rows, not against bench_methods' figures), then the plugin's functions by cumulative time and the calls they spend
+the most time in (`--top`). The plugin carries no profiling code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
+    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--num-prompts", type=int, default=48)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--top", type=int, default=25, help="rows of each table")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+
+    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.prompts import humaneval_prompts
+
+    kw: dict = dict(
+        model=default_model_path(),
+        dtype=args.dtype,
+        max_model_len=2048,
+        seed=0,
+        enforce_eager=True,
+        max_num_seqs=args.concurrency,
+    )
+    if args.method == "lookahead":
+        kw["speculative_config"] = {"method": "lookahead", **json.loads(args.lookahead_config or "{}")}
+    llm = LLM(**kw)
+    prompts = humaneval_prompts(args.num_prompts)
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    llm.generate(prompts[: args.concurrency], sp, use_tqdm=False)  # warm-up
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    prof.disable()
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    print(f"\n{args.method} {args.lookahead_config or ''}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
+          f"tokens in {seconds:.2f} s under cProfile = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("cumulative").print_stats("vllm_lookahead|model_executor/models", args.top)
+    stats.sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
