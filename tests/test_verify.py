@@ -160,19 +160,6 @@ def _chi2_critical(df, z=5.0):
 
 
 # ---------------------------------------------------------------------------------------------- greedy
-def test_bfloat16_argmax_is_the_float32_argmax():
-    """The engine takes the argmax of a step's logits as they come (bfloat16 for a bfloat16 model) where vLLM's
-    greedy sampler widens them to float32 first: the same index, ties included (the first maximum), or greedy
-    lookahead would not give plain decoding's tokens."""
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        x = (torch.randn(24, 49152, generator=gen) * 2).round() / 2  # few distinct values: many ties
-        top = torch.randint(0, 49152, (24, 4), generator=gen)
-        x.scatter_(1, top, float(x.max()) + 1)  # several maxima per row
-        b = x.to(torch.bfloat16)
-        assert torch.equal(b.argmax(dim=-1), b.to(torch.float32).argmax(dim=-1))
-
-
 def test_greedy_small_example():
     tree = build_step_tree(0, None, [[1, 2, 3], [1, 4]])  # nodes: 0:0, 1:1, 2:2, 3:3, 4:4
     argmax = [1, 4, 9, 9, 7]
