@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     prof.disable()
     seconds = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    print(f"\n{args.method} {args.lookahead_config or ''}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
+    what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
+    print(f"\n{what}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
           f"tokens in {seconds:.2f} s under cProfile = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
