@@ -46,21 +46,24 @@ def run_level(args: argparse.Namespace, rest: list[str], c: int) -> list[dict[st
     return rows
 
 
-def step_cost(r: dict[str, Any]) -> tuple[float, float, float] | None:
-    """Lookahead's step-cost line at the end of the row's run (fixed and per-token ms) and the bar a first node's
-    score had to clear at this concurrency C: C * per_token / (fixed + per_token * C) (`sizing.score_floor`)."""
+def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
+    """Lookahead's step-cost fit at the end of the row's run (ms: fixed + per request R + per draft D + the branch
+    price B) and the bar a first node's score had to clear at this concurrency C (`sizing.score_floor`):
+    C * per_draft / (fixed + C * per_request + branch)."""
     stats = r.get("lookahead_stats")
-    if not stats or "step_cost_fixed" not in stats:
+    if not stats or "step_cost_per_draft" not in stats:
         return None
-    from vllm_lookahead.sizing import StepCost, score_floor
+    from vllm_lookahead.engine import COST_KEYS
 
-    a, b, c = stats["step_cost_fixed"], stats["step_cost_per_token"], r["concurrency"]
-    return 1e3 * a, 1e3 * b, score_floor(StepCost(relative_node_cost=b / a), c, c)
+    a, per_req, per_draft, branch = (stats[k] for k in COST_KEYS)
+    c = r["concurrency"]
+    fit = f"{1e3 * a:.1f} + {1e3 * per_req:.2f} R + {1e3 * per_draft:.2f} D + {1e3 * branch:.1f} B"
+    return fit, c * per_draft / (a + c * per_req + branch)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "concurrency", "method", "tokens/s", "vs none", "tokens/forward", "drafts/step", "identical",
-            "step cost: fixed + per token (ms)", "bar for a first node"]  # fmt: skip
+            "step cost (ms)", "bar for a first node"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("status") != "ok":
@@ -68,8 +71,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         ident = f"{r['identical']}/{r['prompts']}" if "identical" in r else "n/a"
         cost = step_cost(r)
-        line = "" if cost is None else f"{cost[0]:.1f} + {cost[1]:.2f} T"
-        bar = "" if cost is None else f"{cost[2]:.2f}"
+        line = "" if cost is None else cost[0]
+        bar = "" if cost is None else f"{cost[1]:.2f}"
         lines.append(
             f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | "
             f"{bm._fmt(r.get('vs_none'), '.2f')} | {r['tokens_per_forward']:.2f} | {r['drafts_per_step']:.1f} | "

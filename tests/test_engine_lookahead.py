@@ -217,6 +217,49 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
         assert stats[f"accepted_{source}"] > stats_before[f"accepted_{source}"], source
 
 
+def _price_branches(worker, price: float | None) -> None:
+    """Run on the worker: a measured step cost in which a branched tree costs `price` seconds more (None: back to
+    the module's fixed cost)."""
+    from vllm_lookahead.sizing import StepCost
+
+    engine = worker.model_runner._lookahead
+    if price is None:
+        engine.cost = StepCost(engine.params.node_cost)
+        return
+    cost = StepCost()
+    for i in range(400):
+        r, d, b = 1 + i % 8, i % 24, i % 2 == 0
+        cost.observe(r, d, b, 0.030 + 0.001 * r + 0.0002 * d + price * b)
+    engine.cost = cost
+
+
+def test_chains_where_branches_do_not_pay_their_price(la_llm, batch, plain_outputs):
+    """Where a branched tree costs more than its branches bring, each request verifies its best chain alone: vLLM's
+    own attention for every row (the tree kernel never runs), drafts still accepted, outputs still exact."""
+    prompts, params, kinds = batch
+    greedy = [i for i, k in enumerate(kinds) if k in ("humaneval", "sharegpt")][::3]
+
+    def run(price: float) -> tuple[dict, dict]:
+        before = la_llm.collective_rpc("lookahead_stats")[0]
+        la_llm.collective_rpc(_price_branches, args=(price,))
+        try:
+            outs = la_llm.generate([prompts[i] for i in greedy], [params[i] for i in greedy], use_tqdm=False)
+        finally:
+            la_llm.collective_rpc(_price_branches, args=(None,))
+        assert [list(o.outputs[0].token_ids) for o in outs] == [plain_outputs[i] for i in greedy]
+        return before, la_llm.collective_rpc("lookahead_stats")[0]
+
+    before, after = run(5.0)
+    assert after["accepted"] > before["accepted"]
+    assert after["step_cost_branch"] == 0.0  # the module's fixed cost is back
+    assert after["kernel_attention_steps"] == before["kernel_attention_steps"]
+    assert after["reference_attention_steps"] == before["reference_attention_steps"]
+    # the same requests with free branches do branch: the chains above were the price's doing
+    if tree_kernel.load() is not None:
+        before, after = run(0.0)
+        assert after["kernel_attention_steps"] > before["kernel_attention_steps"]
+
+
 def test_one_forward_pass_per_step(la_llm, batch):
     """A single request: target forward passes == output tokens - accepted tokens (prefill included)."""
     from vllm import SamplingParams

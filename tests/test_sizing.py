@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.acceptance import AcceptanceStats
-from vllm_lookahead.sizing import StepCost, choose_sizes, score_floor
+from vllm_lookahead.sizing import StepCost, choose_sizes, plan_step, score_floor
 from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
 
 
@@ -56,33 +56,47 @@ def test_by_score_refuses_a_child_that_outscores_its_parent():
         tree.by_score()
 
 
-def test_step_cost_learns_the_line_and_a_fixed_one_stays():
+def test_step_cost_learns_its_terms_and_a_fixed_one_stays():
+    """Requests, drafts and the branch price apart: a draft token is cheaper than a request (no attention over a
+    long context of its own), and steps whose trees branch pay a price of their own."""
     cost = StepCost()
     rng = random.Random(0)
-    for _ in range(400):
-        t = rng.randint(1, 40)
-        cost.observe(t, 0.020 + 0.0005 * t + rng.uniform(-0.0005, 0.0005))
-    fixed, per_token = cost.line()
-    assert fixed == pytest.approx(0.020, rel=0.1) and per_token == pytest.approx(0.0005, rel=0.15)
+    for _ in range(600):
+        r, d, b = rng.randint(1, 16), rng.randint(0, 40), rng.random() < 0.4
+        cost.observe(r, d, b, 0.020 + 0.0015 * r + 0.0005 * d + 0.004 * b + rng.uniform(-0.0005, 0.0005))
+    fixed, per_request, per_draft, branch = cost.coefficients()
+    assert fixed == pytest.approx(0.020, rel=0.1) and per_request == pytest.approx(0.0015, rel=0.1)
+    assert per_draft == pytest.approx(0.0005, rel=0.1) and branch == pytest.approx(0.004, rel=0.1)
+    assert cost.seconds(4, 10, True) == pytest.approx(0.020 + 0.006 + 0.005 + 0.004, rel=0.05)
     frozen = StepCost(relative_node_cost=0.1)
-    frozen.observe(10, 5.0)
-    assert frozen.line() == (1.0, 0.1)
+    frozen.observe(10, 0, False, 5.0)
+    assert frozen.coefficients() == (1.0, 0.1, 0.1, 0.0)
+
+
+def test_an_unmeasured_branch_price_decays_so_trees_are_tried_again():
+    cost = StepCost()
+    for i in range(400):
+        cost.observe(1, i % 8, i % 2 == 0, 0.030 + 0.001 * (i % 8) + 0.010 * (i % 2 == 0))
+    assert cost.coefficients()[3] == pytest.approx(0.010, rel=0.1)
+    for i in range(2000):  # only chains now: what the branch costs fades to the prior's 0
+        cost.observe(1, i % 8, False, 0.030 + 0.001 * (i % 8))
+    assert cost.coefficients()[3] < 0.001
 
 
 def test_sizes_follow_cost_and_scores():
     tree = _tree([0.9, 0.8, 0.5, 0.3, 0.1, 0.05, 0.02])
     free, dear = StepCost(relative_node_cost=0.0), StepCost(relative_node_cost=0.1)
-    assert choose_sizes([tree], [100], 1, free, budget=100) == [8]  # every node with a chance pays when free
-    few = choose_sizes([tree], [100], 1, dear, budget=100)[0]
+    assert choose_sizes([tree], [100], 1, free, budget=100).sizes == [8]  # every node with a chance pays when free
+    few = choose_sizes([tree], [100], 1, dear, budget=100).sizes[0]
     assert 1 < few < 8
     # dearer tokens, fewer nodes; more likely nodes, more nodes
     # a token as dear as a whole step: 0.9 and 0.8 still pay ((1 + 0.9) / 3 > 1 / 2, 2.7 / 4 > 1.9 / 3), 0.5 not
-    assert choose_sizes([tree], [100], 1, StepCost(relative_node_cost=1.0), budget=100) == [3]
+    assert choose_sizes([tree], [100], 1, StepCost(relative_node_cost=1.0), budget=100).sizes == [3]
     sure = _tree([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])
-    assert choose_sizes([sure], [100], 1, dear, budget=100)[0] > few
+    assert choose_sizes([sure], [100], 1, dear, budget=100).sizes[0] > few
     # caps and the budget hold
-    assert choose_sizes([tree], [3], 1, free, budget=100) == [3]
-    assert choose_sizes([tree, sure], [100, 100], 2, free, budget=5) == [1, 6]
+    assert choose_sizes([tree], [3], 1, free, budget=100).sizes == [3]
+    assert choose_sizes([tree, sure], [100, 100], 2, free, budget=5).sizes == [1, 6]
 
 
 def test_growing_step_cost_shrinks_trees_then_turns_drafting_off():
@@ -92,13 +106,13 @@ def test_growing_step_cost_shrinks_trees_then_turns_drafting_off():
     for slope in (0.001, 0.01, 0.05, 0.2):
         cost = StepCost()
         for t in (1, 10, 20, 30, 40) * 20:
-            cost.observe(t, 0.02 * (1 + slope * t))
-        sizes.append(choose_sizes([tree], [100], 1, cost, budget=100)[0])
+            cost.observe(1, t - 1, False, 0.02 * (1 + slope * t))
+        sizes.append(choose_sizes([tree], [100], 1, cost, budget=100).sizes[0])
     assert sizes == sorted(sizes, reverse=True) and sizes[0] == 6 and sizes[-1] < 6
     # 16 requests: a node must be likelier than 16 * 0.03 / (1 + 16 * 0.03) = 0.32 to pay
     cost = StepCost(relative_node_cost=0.03)
-    assert choose_sizes([_tree([0.3, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [1] * 16
-    assert choose_sizes([_tree([0.34, 0.2])] * 16, [100] * 16, 16, cost, budget=1000) == [2] * 16
+    assert choose_sizes([_tree([0.3, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [1] * 16
+    assert choose_sizes([_tree([0.34, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [2] * 16
 
 
 @settings(max_examples=60, deadline=None)
@@ -122,7 +136,7 @@ def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained,
     params = LookaheadParams(window_size=3, ngram_size=3, guess_set_size=4, suffix_candidates=0)
     prompts = [[rng.randrange(12) for _ in range(rng.randint(4, 60))] for _ in range(batch)]
     cost = StepCost(relative_node_cost=slope)
-    floor = score_floor(cost, batch, batch)
+    floor = score_floor(cost, batch)
     full, cut = [], []
     for prompt in prompts:
         x0 = rng.randrange(12)
@@ -130,8 +144,8 @@ def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained,
         cut.append(LookaheadState(params, prompt, stats=stats).build_tree(x0, min_score=floor))
     assert all(min(t.scores[1:], default=1.0) > floor for t in cut)
     caps = [100] * batch
-    sizes_full = choose_sizes(full, caps, batch, cost, budget=1000)
-    sizes_cut = choose_sizes(cut, caps, batch, cost, budget=1000)
+    sizes_full = choose_sizes(full, caps, batch, cost, budget=1000).sizes
+    sizes_cut = choose_sizes(cut, caps, batch, cost, budget=1000).sizes
     assert sizes_full == sizes_cut
     for a, b, k in zip(full, cut, sizes_full, strict=True):
         # the same nodes, but for the order among equal scores (where merging made a node later in one tree)
@@ -151,7 +165,7 @@ def test_a_dear_step_drafts_no_nodes_at_all():
     from vllm_lookahead.state import LookaheadState
 
     cost = StepCost(relative_node_cost=0.03)
-    floor = score_floor(cost, 16, 16)
+    floor = score_floor(cost, 16)
     assert floor == pytest.approx(16 * 0.03 / (1 + 16 * 0.03))
     params = LookaheadParams(suffix_candidates=0, lookup_candidates=0)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
@@ -204,7 +218,7 @@ def test_rising_acceptance_grows_trees_through_the_state():
 
     def size() -> int:
         tree = LookaheadState(params, prompt, stats=stats).build_tree(7)
-        return choose_sizes([tree], [100], 1, cost, budget=100)[0]
+        return choose_sizes([tree], [100], 1, cost, budget=100).sizes[0]
 
     before = size()
     probe = build_step_tree(0, None, [Candidate([1, 2, 3], [0.3, 0.1, 0.05], Source.POOL)])
@@ -235,3 +249,56 @@ def test_shared_pool_stays_within_its_bound():
     second = LookaheadState(params, [9, 9], shared=shared)
     tree = second.build_tree(1)
     assert Source.SHARED in tree.sources
+
+
+def _branching() -> StepTree:
+    """x0 -> a (0.8) -> b (0.6), and a second guess at the first place, c (0.3)."""
+    cands = [Candidate([1, 2], [0.8, 0.6], Source.SUFFIX), Candidate([3], [0.3], Source.POOL)]
+    return build_step_tree(0, None, cands).by_score()
+
+
+def test_best_chain_follows_the_best_child():
+    tree = _branching()
+    assert tree.tokens == [0, 1, 2, 3] and not tree.is_chain and tree.prefix_is_chain(3)
+    chain = tree.best_chain()
+    assert chain.is_chain and chain.tokens == [0, 1, 2] and chain.scores == [1.0, 0.8, 0.6]
+    assert chain.best_chain() is chain
+
+
+def _priced(branch: float, slope: float = 0.05) -> StepCost:
+    """A measured cost: 1 + slope per request or draft, plus `branch` when the trees branch."""
+    cost = StepCost()
+    rng = random.Random(3)
+    for _ in range(800):
+        r, d, b = rng.randint(1, 16), rng.randint(0, 24), rng.random() < 0.5
+        cost.observe(r, d, b, 1 + slope * (r + d) + branch * b)
+    return cost
+
+
+def test_plan_step_pays_the_branch_price_only_when_the_branches_earn_it():
+    tree = _branching()
+    # no branch price: the whole tree (its third node, score 0.3, pays at this slope)
+    trees, sizes = plan_step([tree], [100], 1, _priced(0.0), budget=100)
+    assert trees == [tree] and sizes == [4]
+    # a price above what the branch brings (0.3 tokens at about 1.2 per step): the best chain alone
+    trees, sizes = plan_step([tree], [100], 1, _priced(0.5), budget=100)
+    assert trees[0].is_chain and trees[0].tokens == [0, 1, 2] and sizes == [3]
+    # a small price: the branch still pays
+    trees, sizes = plan_step([tree], [100], 1, _priced(0.05), budget=100)
+    assert trees == [tree] and sizes == [4]
+    # sixteen requests: the price is shared by the batch, but so is each node's bar
+    many, sizes = plan_step([tree] * 16, [100] * 16, 16, _priced(0.5), budget=1000)
+    assert all(t.is_chain for t in many)
+
+
+@settings(max_examples=60, deadline=None)
+@given(cands=scored_candidates(), branch=st.sampled_from([0.0, 0.02, 0.3, 3.0]), batch=st.integers(1, 8))
+def test_plan_step_never_expects_less_than_plain_decoding(cands, branch, batch):
+    tree = build_step_tree(9, None, cands).by_score()
+    cost = _priced(branch)
+    trees, sizes = plan_step([tree] * batch, [100] * batch, batch, cost, budget=1000)
+    assert all(1 <= k <= t.num_nodes for t, k in zip(trees, sizes, strict=True))
+    branched = any(not t.prefix_is_chain(k) for t, k in zip(trees, sizes, strict=True))
+    expected = batch + sum(sum(t.scores[1:k]) for t, k in zip(trees, sizes, strict=True))
+    seconds = cost.seconds(batch, sum(sizes) - batch, branched)
+    assert expected / seconds >= batch / cost.seconds(batch, 0) - 1e-9

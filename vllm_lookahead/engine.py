@@ -31,7 +31,7 @@ from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.eligibility import ineligible_reason, request_params
 from vllm_lookahead.pool import NGramPool
-from vllm_lookahead.sizing import StepCost, choose_sizes, score_floor
+from vllm_lookahead.sizing import StepCost, choose_sizes, plan_step, score_floor
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
 from vllm_lookahead.suffix import SuffixCandidates
@@ -52,6 +52,8 @@ logger = logging.getLogger("vllm_lookahead")
 
 
 SOURCE_NAMES = [s.name.lower() for s in Source if s != Source.ROOT]
+# worker_stats' names of StepCost.coefficients()
+COST_KEYS = ("step_cost_fixed", "step_cost_per_request", "step_cost_per_draft", "step_cost_branch")
 
 
 @dataclass
@@ -90,7 +92,9 @@ class LookaheadEngine:
             if params.shared_pool_keys
             else None
         )
-        self._step_start: tuple[float, int] | None = None  # (time, tokens) of a pure decoding step under way
+        # A pure decoding step under way: (start, requests, draft tokens), timed until its drafting ends (propose).
+        self._step_start: tuple[float, int, int] | None = None
+        self._branched = False  # whether that step's trees branch (the tree attention path ran)
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
         self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
@@ -137,10 +141,12 @@ class LookaheadEngine:
         step, self.pending = self.pending or LookaheadStep(proposed={}), None
         self.step = step
         spec = scheduler_output.scheduled_spec_decode_tokens
-        # Time pure decoding steps (every request computes x0 and its drafts) for the step-cost line.
+        # Time pure decoding steps (every request computes x0 and its drafts) for the step-cost fit.
         tokens = scheduler_output.total_num_scheduled_tokens
-        decoding = tokens == runner.input_batch.num_reqs + sum(len(d) for d in spec.values())
-        self._step_start = (time.perf_counter(), tokens) if decoding else None
+        requests = runner.input_batch.num_reqs
+        decoding = tokens == requests + sum(len(d) for d in spec.values())
+        self._step_start = (time.perf_counter(), requests, tokens - requests) if decoding else None
+        self._branched = False
         if not spec:
             return
         batch = runner.input_batch
@@ -174,6 +180,7 @@ class LookaheadEngine:
                 step.attention_rows.append(
                     TreeRows(idx, q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
                 )
+        self._branched = bool(step.attention_rows)
 
     @staticmethod
     def _plain_greedy(runner: GPUModelRunner, req_id: str) -> bool:
@@ -248,10 +255,6 @@ class LookaheadEngine:
                 self.stats.kernel_attention_steps += 1
             else:
                 self.stats.reference_attention_steps += 1
-        if self._step_start is not None:
-            start, tokens = self._step_start
-            self.cost.observe(tokens, time.perf_counter() - start)
-            self._step_start = None
         return paths
 
     def _verify(
@@ -316,7 +319,17 @@ class LookaheadEngine:
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
-        the step-cost line says pay (`sizing.choose_sizes`)."""
+        the fitted step cost says pay (`sizing.plan_step`). Ends the timing of a decoding step: what the step-cost
+        fit learns is its whole span from `begin_step` to here, drafting included."""
+        try:
+            return self._draft(runner, sampled_token_ids)
+        finally:
+            if self._step_start is not None:
+                start, requests, drafts = self._step_start
+                self.cost.observe(requests, drafts, self._branched, time.perf_counter() - start)
+                self._step_start = None
+
+    def _draft(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         batch = runner.input_batch
         drafts: list[list[int]] = [[] for _ in batch.req_ids]
         step = self.pending = LookaheadStep(proposed={})
@@ -351,10 +364,14 @@ class LookaheadEngine:
         if not ready:
             return drafts
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
-        floor = score_floor(self.cost, len(ready), batch.num_reqs) if self.ranks == 1 else 0.0
+        floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
         trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
         budget = self.params.step_token_budget - len(trees)
-        sizes = choose_sizes(trees, caps, other_tokens=batch.num_reqs, cost=self.cost, budget=budget)
+        if self.ranks == 1:
+            # Where the tree attention path costs more than its branches bring, each request's best chain alone.
+            trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget)
+        else:
+            sizes = choose_sizes(trees, caps, batch.num_reqs, self.cost, budget).sizes
         for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
             # The whole tree is kept and vLLM gets its first `size` nodes: begin_step cuts the tree to what was
             # scheduled. Under tensor parallelism every rank builds the same tree from the same state, but only the
@@ -388,9 +405,8 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         "kernel_attention_steps": s.kernel_attention_steps,
         "reference_attention_steps": s.reference_attention_steps,
         "live_states": len(engine.states),
-        # the step-cost line the tree sizing uses (seconds, or relative units if fixed by node_cost)
-        "step_cost_fixed": engine.cost.line()[0],
-        "step_cost_per_token": engine.cost.line()[1],
+        # the step-cost fit the tree sizing uses (seconds, or relative units if fixed by node_cost)
+        **dict(zip(COST_KEYS, engine.cost.coefficients(), strict=True)),
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
         **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
         "window_value": engine.acceptance.window_value,

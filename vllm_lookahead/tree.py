@@ -108,7 +108,12 @@ class StepTree:
     @property
     def is_chain(self) -> bool:
         """Every node is the previous node's child: causal attention over the nodes is already the tree mask."""
-        return all(p == u - 1 for u, p in enumerate(self.parents))
+        return self.prefix_is_chain(len(self.parents))
+
+    def prefix_is_chain(self, k: int) -> bool:
+        """Whether the first k nodes are a chain (`truncate(k).is_chain`, without building it)."""
+        parents = self.parents
+        return all(parents[u] == u - 1 for u in range(1, min(k, len(parents))))
 
     @classmethod
     def chain(cls, tokens: Sequence[int]) -> StepTree:
@@ -153,6 +158,27 @@ class StepTree:
             scores=self.scores[:m],
             sources=self.sources[:m],
             estimates=self.estimates[:m],
+        )
+
+    def best_chain(self) -> StepTree:
+        """The chain from the root through each node's first child (in a tree ordered by score, the best): the
+        path a linear speculation would verify. Maps keep the survivors."""
+        keep = [0]
+        kids = self._children
+        while kids[keep[-1]]:
+            keep.append(kids[keep[-1]][0])
+        if len(keep) == len(self.tokens):
+            return self
+        new = {u: i for i, u in enumerate(keep)}
+        return StepTree(
+            tokens=[self.tokens[u] for u in keep],
+            parents=list(range(-1, len(keep) - 1)),
+            depths=[self.depths[u] for u in keep],
+            window_node={s: new[u] for s, u in self.window_node.items() if u in new},
+            candidate_nodes=[[new[u] for u in nodes if u in new] for nodes in self.candidate_nodes],
+            scores=[self.scores[u] for u in keep],
+            sources=[self.sources[u] for u in keep],
+            estimates=[self.estimates[u] for u in keep],
         )
 
     def by_score(self) -> StepTree:
