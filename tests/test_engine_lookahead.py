@@ -138,6 +138,8 @@ def plain_outputs(plain_generation):
 
 @pytest.fixture(scope="module")
 def la_llm(model_path):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc with a test function
     llm = make_llm(
         model_path,
         max_model_len=MAX_MODEL_LEN,
@@ -147,6 +149,7 @@ def la_llm(model_path):
     )
     yield llm
     del llm
+    mp.undo()
 
 
 def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, plain_generation):
