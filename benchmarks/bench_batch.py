@@ -54,11 +54,12 @@ def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
     if not stats or "step_cost_per_draft" not in stats:
         return None
     from vllm_lookahead.engine import COST_KEYS
+    from vllm_lookahead.sizing import StepCost, score_floor
 
-    a, per_req, per_draft, branch = (stats[k] for k in COST_KEYS)
-    c = r["concurrency"]
+    cost = StepCost.frozen([stats[k] for k in COST_KEYS])
+    a, per_req, per_draft, branch = cost.coefficients()
     fit = f"{1e3 * a:.1f} + {1e3 * per_req:.2f} R + {1e3 * per_draft:.2f} D + {1e3 * branch:.1f} B"
-    return fit, c * per_draft / (a + c * per_req + branch)
+    return fit, score_floor(cost, r["concurrency"])
 
 
 def table(rows: list[dict[str, Any]]) -> str:

@@ -37,17 +37,19 @@ class StepCost:
     steps, each slope pulled toward a prior (per_request = per_draft = PRIOR_SLOPE * fixed as the first step
     suggests, branch = 0) where the steps say little about it: a branch price that no recent step measured decays
     to 0, so trees are tried again and measured afresh. `relative_node_cost` fixes the costs instead
-    (1 + relative_node_cost per request or draft, no branch price), for reproducible tree sizes."""
+    (1 + relative_node_cost per request or draft, no branch price), for reproducible tree sizes; `frozen` fixes
+    any coefficients (e.g. a run's fitted ones, read back from its stats)."""
 
     def __init__(self, relative_node_cost: float | None = None) -> None:
-        self.fixed_slope = relative_node_cost
+        s = relative_node_cost
+        self._frozen: tuple[float, float, float, float] | None = None if s is None else (1.0, s, s, 0.0)
         self._xtx = np.zeros((4, 4))
         self._xty = np.zeros(4)
         self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
         self._fit: tuple[float, float, float, float] | None = None  # solved once per observation
 
     def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
-        if self.fixed_slope is not None or seconds <= 0 or requests <= 0:
+        if self._frozen is not None or seconds <= 0 or requests <= 0:
             return
         if self._prior is None:
             self._prior = seconds / (1 + PRIOR_SLOPE * (requests + drafts)) * PRIOR_SLOPE
@@ -58,8 +60,8 @@ class StepCost:
 
     def coefficients(self) -> tuple[float, float, float, float]:
         """(fixed, per_request, per_draft, branch) in seconds (relative units before any step was timed)."""
-        if self.fixed_slope is not None:
-            return 1.0, self.fixed_slope, self.fixed_slope, 0.0
+        if self._frozen is not None:
+            return self._frozen
         if self._prior is None:
             return 1.0, PRIOR_SLOPE, PRIOR_SLOPE, 0.0
         if self._fit is None:
@@ -74,6 +76,13 @@ class StepCost:
         a, r, d, b = np.linalg.solve(xtx, xty)  # positive definite: one step observed, and a ridge on each slope
         r, d, b = max(float(r), 0.0), max(float(d), 0.0), max(float(b), 0.0)
         return max(float(a), 1e-9), r, d, b
+
+    @classmethod
+    def frozen(cls, coefficients: Sequence[float]) -> StepCost:
+        cost = cls()
+        fixed, per_request, per_draft, branch = (float(c) for c in coefficients)
+        cost._frozen = (fixed, per_request, per_draft, branch)
+        return cost
 
     def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
         a, r, d, b = self.coefficients()
@@ -113,9 +122,8 @@ def choose_sizes(
     each yields its x0's token); budget: most non-root nodes in all; branched: price the step with the branch
     cost from its first node on (the trees may branch).
     """
-    _, _, per_draft, _ = cost.coefficients()
-    base = cost.seconds(requests, 0)
-    seconds = base + (cost.seconds(requests, 0, True) - base if branched else 0.0)
+    per_draft = cost.coefficients()[2]
+    seconds = cost.seconds(requests, 0, branched)
     sizes = [1] * len(trees)
     expected = float(requests)
     # (negated score, tree): always the best node not yet taken whose parent is taken (trees are ordered best
@@ -136,7 +144,7 @@ def choose_sizes(
         if sizes[i] < min(t.num_nodes, caps[i]):
             heapq.heappush(heap, (-t.scores[sizes[i]], i))
     if not added:
-        seconds = base
+        seconds = cost.seconds(requests, 0)  # plain decoding: no branch to pay for
     return Sizes(sizes, expected, seconds)
 
 
@@ -146,10 +154,10 @@ def plan_step(
     """The step's trees and their sizes: each request's best chain alone (`StepTree.best_chain`), or the trees
     themselves where what their branches add is worth the branch price. Either way no better plan than plain
     decoding is passed over: a node is only taken when it pays."""
-    chains = [t.best_chain() for t in trees]
-    by_chain = choose_sizes(chains, caps, requests, cost, budget)
     if cost.coefficients()[3] <= 0:  # no branch price: the trees hold the chains and more
         return list(trees), choose_sizes(trees, caps, requests, cost, budget).sizes
+    chains = [t.best_chain() for t in trees]
+    by_chain = choose_sizes(chains, caps, requests, cost, budget)
     by_tree = choose_sizes(trees, caps, requests, cost, budget, branched=True)
     # A best-first prefix without a branch is the best chain's prefix: then the chains, priced without the branch.
     branches = any(not t.prefix_is_chain(k) for t, k in zip(trees, by_tree.sizes, strict=True))
