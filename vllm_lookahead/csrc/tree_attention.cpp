@@ -171,18 +171,42 @@ static inline void pv_tile(const float* Pm, int bs, const VT* V, int tl, float* 
   }
 }
 
+// The rows left over after whole tiles go through one tile of their own height (not one row at a time).
+template <int D, typename KT, int R = QK_R - 1>
+static inline void qk_rest(const float* Q, const KT* K, int bs, float* S, int rest, int nt) {
+  if constexpr (R > 0) {
+    if (rest == R) return qk_tile<R, D>(Q, K, bs, S, nt);
+    qk_rest<D, KT, R - 1>(Q, K, bs, S, rest, nt);
+  }
+}
+
+template <int D, typename VT, int R = PV_R - 1>
+static inline void pv_rest(const float* Pm, int bs, const VT* V, int tl, float* O, const float* alpha, int rest) {
+  if constexpr (R > 0) {
+    if (rest == R) return pv_tile<R, D>(Pm, bs, V, tl, O, alpha);
+    pv_rest<D, VT, R - 1>(Pm, bs, V, tl, O, alpha, rest);
+  }
+}
+
 template <int D, typename KT>
 static void qk_rows(const float* Q, const KT* K, int bs, float* S, int rows, int nt) {
   int r = 0;
   for (; r + QK_R <= rows; r += QK_R) qk_tile<QK_R, D>(Q + r * D, K, bs, S + r * bs, nt);
-  for (; r < rows; ++r) qk_tile<1, D>(Q + r * D, K, bs, S + r * bs, nt);
+  qk_rest<D, KT>(Q + r * D, K, bs, S + r * bs, rows - r, nt);
 }
 
 template <int D, typename VT>
 static void pv_rows(const float* Pm, int bs, const VT* V, int tl, float* O, const float* alpha, int rows) {
   int r = 0;
   for (; r + PV_R <= rows; r += PV_R) pv_tile<PV_R, D>(Pm + r * bs, bs, V, tl, O + r * D, alpha + r);
-  for (; r < rows; ++r) pv_tile<1, D>(Pm + r * bs, bs, V, tl, O + r * D, alpha + r);
+  pv_rest<D, VT>(Pm + r * bs, bs, V, tl, O + r * D, alpha + r, rows - r);
+}
+
+// bf16 keys and values widened once per block and item, not once per tile of rows that reads them: worth it from
+// three tiles of rows on (measured: with two tiles the float32 copy's round trip through the cache costs more).
+constexpr int WIDEN_MIN_ROWS = 2 * QK_R + 1;
+static inline void widen(const uint16_t* src, float* dst, int n) {
+  for (int i = 0; i < n; i += VW) storev(dst + i, loadv(src + i));
 }
 
 static inline uint16_t f2bf(float f) {
@@ -223,6 +247,8 @@ static void run_item(const Args& a, const int32_t* it, float* buf) {
   float* M = S + a.max_rows * bs;
   float* L = M + a.max_rows;
   float* AL = L + a.max_rows;
+  float* KF = AL + a.max_rows;  // bf16 only: this block's keys [D, bs] and values [tl, D] in float32
+  float* VF = KF + bs * D;
   const T* q = (const T*)a.q;
   const float qscale = a.scale * 1.4426950408889634f;
   for (int u = 0; u < nn; ++u)
@@ -245,7 +271,14 @@ static void run_item(const Args& a, const int32_t* it, float* buf) {
     const int t0 = bi * bs;
     const int tl = (seq_len - t0) < bs ? (seq_len - t0) : bs;
     const int nt = (tl + VW - 1) / VW * VW;
-    qk_rows<D, T>(Q, K, bs, S, rows, nt);
+    const bool widened = sizeof(T) == 2 && rows >= WIDEN_MIN_ROWS;
+    if (widened) {
+      widen((const uint16_t*)K, KF, bs * D);
+      widen((const uint16_t*)V, VF, tl * D);
+      qk_rows<D, float>(Q, KF, bs, S, rows, nt);
+    } else {
+      qk_rows<D, T>(Q, K, bs, S, rows, nt);
+    }
     if (t0 + nt > P) {
       const int tstart = P - t0 > 0 ? P - t0 : 0;
       for (int u = 0; u < nn; ++u) {
@@ -273,7 +306,10 @@ static void run_item(const Args& a, const int32_t* it, float* buf) {
       M[i] = mnew;
       AL[i] = alpha;
     }
-    pv_rows<D, T>(S, bs, V, tl, O, AL, rows);
+    if (widened)
+      pv_rows<D, float>(S, bs, VF, tl, O, AL, rows);
+    else
+      pv_rows<D, T>(S, bs, V, tl, O, AL, rows);
   }
   T* out = (T*)a.out;
   for (int u = 0; u < nn; ++u)
@@ -292,7 +328,7 @@ static void run_item(const Args& a, const int32_t* it, float* buf) {
 
 template <int D, typename T>
 static void run(const Args& a, int parallel) {
-  const int64_t per_thread = (int64_t)a.max_rows * (2 * D + a.bs + 3) + 64;
+  const int64_t per_thread = (int64_t)a.max_rows * (2 * D + a.bs + 3) + (sizeof(T) == 2 ? 2 * a.bs * D : 0) + 64;
   const size_t bytes = ((per_thread * 4 + 63) / 64) * 64;
   if (!parallel) {
     float* buf = (float*)aligned_alloc(64, bytes);
