@@ -57,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per context (lookahead and plain)")
     p.add_argument("--repeats", type=int, default=3, help="bare-forward repetitions per (context, T)")
     p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every configuration this many times, round by round, and take the medians over all rounds' "
+        "steps: a noisy machine's slow spells then fall on bare and lookahead steps alike",
+    )
+    p.add_argument(
         "--model", default=None, help="a registered model name (vllm_lookahead.models) or a folder; default: embedded"
     )
     p.add_argument(
@@ -75,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.dtype_list = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     args.tree_list = [int(t) for t in args.trees.split(",") if t.strip()]
     args.context_list = [int(c) for c in args.contexts.split(",") if c.strip()]
+    if args.rounds < 1:
+        p.error("--rounds: must be at least 1")
     if any(t < 2 or t > 96 for t in args.tree_list):
         p.error("--trees: each size must be in 2..96")
     if any(c < BLOCK or c % BLOCK for c in args.context_list):
@@ -375,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.update(cpu_runtime.environment())
     tree_path = "reference" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "kernel"
     kinds = ["bare", *(() if args.bare_only else (f"tree={t}" for t in args.tree_list))]
-    jobs = [(k, d) for d in args.dtype_list for k in kinds]
+    jobs = [(k, d) for _ in range(args.rounds) for d in args.dtype_list for k in kinds]
     results = []
     for kind, dtype in tqdm(jobs, desc="configurations", file=sys.stderr):
         res = run_child(args, kind, dtype)
