@@ -18,9 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vllm_lookahead.models import cache_root
@@ -82,7 +84,8 @@ def build() -> Path:
 
 
 class TreeKernel:
-    """The loaded library: `layer(args, q, kv, out)` runs one attention layer's tree rows."""
+    """The loaded library: `layer(args, q, kv, out)` runs one attention layer's tree rows; `move_slots` moves
+    accepted nodes' K/V in every layer's cache at once."""
 
     def __init__(self, path: Path) -> None:
         self._lib = ctypes.CDLL(str(path))
@@ -90,12 +93,34 @@ class TreeKernel:
         fn.argtypes = [ctypes.c_void_p] * 4
         fn.restype = ctypes.c_int
         self._fn = fn
+        move = self._lib.kv_move_slots
+        move.argtypes = [ctypes.c_void_p] * 4
+        move.restype = ctypes.c_int
+        self._move = move
         self.vector_width: int = self._lib.tree_attn_vector_width()
 
     def layer(self, args_ptr: int, q_ptr: int, kv_ptr: int, out_ptr: int) -> None:
         rc = self._fn(args_ptr, q_ptr, kv_ptr, out_ptr)
         if rc:
             raise RuntimeError(f"tree-attention kernel refused its arguments (code {rc})")
+
+    def move_slots(self, caches: Sequence[torch.Tensor], src: Sequence[int], dst: Sequence[int]) -> None:
+        """Copy every cache's K/V at global slots `src` to slots `dst` (pairwise; all sources read first): caches
+        of one shape, dtype and strides, in vLLM's CPU layout ([blocks, kv heads, block size, 2 * head size])."""
+        c = caches[0]
+        num_blocks, num_kv_heads, block_size, two_d = c.shape
+        sizes = np.array(
+            [len(caches), len(src), num_kv_heads, block_size, two_d // 2, c.element_size(), c.stride(0), c.stride(1)],
+            np.int64,
+        )
+        ptrs = np.array([x.data_ptr() for x in caches], np.int64)
+        src_a = np.asarray(src, np.int64)
+        dst_a = np.asarray(dst, np.int64)
+        if len(src_a) != len(dst_a) or (len(src_a) and max(src_a.max(), dst_a.max()) >= num_blocks * block_size):
+            raise ValueError("vllm-lookahead: KV moves outside the cache or unpaired")
+        rc = self._move(sizes.ctypes.data, ptrs.ctypes.data, src_a.ctypes.data, dst_a.ctypes.data)
+        if rc:
+            raise RuntimeError(f"KV move kernel refused its arguments (code {rc})")
 
 
 @cache

@@ -381,3 +381,44 @@ extern "C" int tree_attn_layer(const int64_t* s, const void* q, const void* kv, 
 }
 
 extern "C" int tree_attn_vector_width() { return VW; }
+
+// Accepted tree nodes' K/V moved to the slots of their chain positions, in every layer's cache, in one call
+// (kv_relocation.py): per layer, all sources are read before any destination is written (moves may overlap).
+template <typename T>
+static void move_layer(T* base, const int64_t* src, const int64_t* dst, int m, int H, int bs, int D, int64_t s0,
+                       int64_t s1, T* tmp) {
+  for (int i = 0; i < m; ++i)
+    for (int h = 0; h < H; ++h) {
+      const T* c = base + (src[i] / bs) * s0 + h * s1;
+      const int off = (int)(src[i] % bs);
+      T* t = tmp + ((int64_t)i * H + h) * 2 * D;
+      for (int d = 0; d < D; ++d) t[d] = c[(int64_t)d * bs + off];  // keys: [D, bs] per block and head
+      memcpy(t + D, c + (int64_t)bs * D + (int64_t)off * D, sizeof(T) * D);  // values: [bs, D]
+    }
+  for (int i = 0; i < m; ++i)
+    for (int h = 0; h < H; ++h) {
+      T* c = base + (dst[i] / bs) * s0 + h * s1;
+      const int off = (int)(dst[i] % bs);
+      const T* t = tmp + ((int64_t)i * H + h) * 2 * D;
+      for (int d = 0; d < D; ++d) c[(int64_t)d * bs + off] = t[d];
+      memcpy(c + (int64_t)bs * D + (int64_t)off * D, t + D, sizeof(T) * D);
+    }
+}
+
+extern "C" int kv_move_slots(const int64_t* s, const int64_t* layers, const int64_t* src, const int64_t* dst) {
+  // s: num_layers, num_moves, num_kv_heads, block_size, head_size, element bytes, block stride, head stride
+  // (strides in elements); layers: each layer's cache base address; src, dst: global slots (block * bs + offset).
+  const int L = (int)s[0], m = (int)s[1], H = (int)s[2], bs = (int)s[3], D = (int)s[4], eb = (int)s[5];
+  if (m <= 0) return 0;
+  if (eb != 2 && eb != 4) return -1;
+  void* tmp = malloc((size_t)m * H * 2 * D * eb);
+  if (!tmp) return -3;
+  for (int l = 0; l < L; ++l) {
+    if (eb == 4)
+      move_layer<uint32_t>((uint32_t*)layers[l], src, dst, m, H, bs, D, s[6], s[7], (uint32_t*)tmp);
+    else
+      move_layer<uint16_t>((uint16_t*)layers[l], src, dst, m, H, bs, D, s[6], s[7], (uint16_t*)tmp);
+  }
+  free(tmp);
+  return 0;
+}
