@@ -91,6 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime: TCMalloc + Intel OpenMP "
         "preloaded, all cores on a small machine); vllm: vLLM's defaults as they are",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every method this many times, round by round; each cell is the round with the median ratio to "
+        "that round's none (the machine's slow spells then weigh on the ratios, not on one method)",
+    )
     p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
     # Internal: run one method and write its raw results as JSON.
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -104,8 +111,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for d in args.dataset_list:
         if d not in DATASETS:
             p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
-    if args.concurrency < 1 or args.num_prompts < 1 or args.max_tokens < 1:
-        p.error("--concurrency, --num-prompts and --max-tokens must be positive")
+    if min(args.concurrency, args.num_prompts, args.max_tokens, args.rounds) < 1:
+        p.error("--concurrency, --num-prompts, --max-tokens and --rounds must be positive")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.lookahead_config is not None:
@@ -362,8 +369,38 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
     return rows
 
 
+def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per (dataset, method): the round whose ratio to its own round's none is the median (none: the
+    median tokens/s), with every round's ratio and tokens/s beside it and the fewest identical outputs of any
+    round."""
+    if len(rounds) == 1:
+        return rounds[0]
+    rows = []
+    for cells in zip(*rounds, strict=True):
+        ok = [c for c in cells if c["status"] == "ok"]
+        if not ok:
+            rows.append(cells[0])
+            continue
+        key = "vs_none" if all("vs_none" in c for c in ok) and cells[0]["method"] != "none" else "tokens_per_s"
+        ranked = sorted(ok, key=lambda c: c[key])
+        row = dict(ranked[(len(ranked) - 1) // 2])
+        row["rounds"] = len(cells)
+        row["vs_none_rounds"] = [c.get("vs_none") for c in ok]
+        row["tokens_per_s_rounds"] = [c["tokens_per_s"] for c in ok]
+        if all("identical" in c for c in ok):
+            row["identical"] = min(c["identical"] for c in ok)
+        rows.append(row)
+    return rows
+
+
 def _fmt(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
+
+
+def _spread(values: list[float | None] | None) -> str:
+    """' (lowest-highest)' over the rounds, when there were several."""
+    vals = [v for v in values or [] if v is not None]
+    return f" ({min(vals):.2f}-{max(vals):.2f})" if len(vals) > 1 else ""
 
 
 def _per_pos(rates: list[float], shown: int = 8) -> str:
@@ -392,7 +429,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 str(r["output_tokens"]),
                 f"{r['time_s']:.2f}",
                 f"{r['tokens_per_s']:.1f}",
-                _fmt(r.get("vs_none"), ".2f"),
+                _fmt(r.get("vs_none"), ".2f") + _spread(r.get("vs_none_rounds")),
                 f"{r['tokens_per_forward']:.2f}",
                 f"{r['drafts_per_step']:.1f}",
                 _fmt(r["acceptance"], ".2f"),
@@ -467,18 +504,21 @@ def main(argv: list[str] | None = None) -> int:
 
     model = model_path(args)  # prepare the default model once, before the workers need it
     runtime = apply_runtime(args)
-    results: dict[str, dict[str, Any]] = {}
-    for method in args.method_list:
-        print(f"=== {method} ===", file=sys.stderr)
-        results[method] = run_method(method, argv)
-    for method, res in results.items():
-        if res["status"] != "ok":
-            print(f"{method}: {res['status']}: {res.get('reason', '')}")
-        for dataset, data in res.get("datasets", {}).items():
-            if data["status"] != "ok":
-                print(f"{method}/{dataset}: {data['status']}: {data.get('reason', '')}")
-
-    rows = build_rows(args, results)
+    rounds: list[list[dict[str, Any]]] = []
+    for r in range(args.rounds):
+        results: dict[str, dict[str, Any]] = {}
+        for method in args.method_list:
+            print(f"=== {method}" + (f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else "") + " ===",
+                  file=sys.stderr)  # fmt: skip
+            results[method] = run_method(method, argv)
+        for method, res in results.items():
+            if res["status"] != "ok":
+                print(f"{method}: {res['status']}: {res.get('reason', '')}")
+            for dataset, data in res.get("datasets", {}).items():
+                if data["status"] != "ok":
+                    print(f"{method}/{dataset}: {data['status']}: {data.get('reason', '')}")
+        rounds.append(build_rows(args, results))
+    rows = median_rows(rounds)
     mode = "eager" if args.eager else "compiled"
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"
     title = (
@@ -504,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "temperature": args.temperature,
         "top_p": args.top_p,
         "runtime": runtime,
+        "rounds": args.rounds,
         "max_model_len": args.max_model_len,
         "cpu_count": os.cpu_count(),
     }
