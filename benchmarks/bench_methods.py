@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1,
         help="run every method this many times, round by round; each cell is the round with the median ratio to "
-        "that round's none (the machine's slow spells then weigh on the ratios, not on one method)",
+        "that round's none (the lower middle one for an even number): the machine's slow spells then weigh on "
+        "the ratios, not on one method",
     )
     p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
     # Internal: run one method and write its raw results as JSON.
