@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step.py                       # float32 and bfloat16, trees 8..64, contexts 128..1536
     python benchmarks/bench_step.py --dtypes bfloat16 --trees 24 --contexts 512 --new-tokens 24   # quick
+    python benchmarks/bench_step.py --paired      # bare(T) timed in each tree's own process, between its steps
 
 Every configuration runs in a fresh subprocess with vLLM's engine in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so
 this script can time vLLM's and the plugin's functions from outside by wrapping them: the plugin itself carries no
@@ -22,7 +23,10 @@ measured-cost sizing keeps them all) and `step_token_budget` cuts it to T nodes.
 caching on a block-aligned prompt) and the logits of all T rows, i.e. the least a step that verifies T tokens can
 cost (vLLM's ngram and suffix methods compute logits for every draft token too); T=1 is a plain decode step. The
 table also gives `bare(T), 1 row`: the same step with the logits of its last row only (vLLM's prefill), derived as
-bare(T) - its logits + bare(1)'s logits.
+bare(T) - its logits + bare(1)'s logits. By default the bare steps run in a plain engine of their own; `--paired`
+times each tree size's bare(T) in that tree's own lookahead engine, alternating with its tree steps (the bare
+requests opt out of lookahead with `extra_args={"lookahead": False}`), so that both see the machine in the same
+minutes: on a shared machine the separate processes' slow spells otherwise land on one side of the ratio.
 Prints tables and saves a PNG per dtype plus a JSONL of every record (`--out`). Runs under the project's CPU
 runtime (`--runtime project`, vllm_lookahead.cpu_runtime) unless `--runtime vllm`.
 """
@@ -75,6 +79,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--bare-only", action="store_true", help="only the bare steps (the cost curve of T tokens), no lookahead runs"
     )
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="time each tree size's bare(T) steps in the lookahead engine's own process, alternating with its "
+        "tree steps (the bare requests opt out of lookahead), instead of in a plain engine of their own",
+    )
     p.add_argument("--out", default="benchmarks/results/")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
@@ -84,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.context_list = [int(c) for c in args.contexts.split(",") if c.strip()]
     if args.rounds < 1:
         p.error("--rounds: must be at least 1")
+    if args.paired and args.bare_only:
+        p.error("--paired times bare steps beside tree steps: it cannot go with --bare-only")
     if any(t < 2 or t > 96 for t in args.tree_list):
         p.error("--trees: each size must be in 2..96")
     if any(c < BLOCK or c % BLOCK for c in args.context_list):
@@ -173,8 +185,8 @@ def logits_for_every_row() -> None:
 def worker(args: argparse.Namespace) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core and worker in this process: we can wrap them
     kind, dtype = args.worker.split(":")
-    if kind == "bare":
-        logits_for_every_row()
+    if kind == "bare" or args.paired:
+        logits_for_every_row()  # a lookahead step's rows all have logits already: only prefill steps change
     timer = StepTimer()
     timer.install()
     from vllm import LLM, SamplingParams
@@ -188,33 +200,51 @@ def worker(args: argparse.Namespace) -> int:
     else:
         tree = int(kind.split("=")[1])
         spec = {"method": "lookahead", "window_size": 40, "ngram_size": 3, "step_token_budget": tree, "node_cost": 0.0}
-        llm = LLM(**common, speculative_config=spec, enable_prefix_caching=False)
+        llm = LLM(**common, speculative_config=spec, enable_prefix_caching=args.paired)
     tok = llm.get_tokenizer()
     text_ids = tok("\n".join(humaneval_prompts(40)))["input_ids"]
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     llm.generate({"prompt_token_ids": text_ids[:200]}, greedy, use_tqdm=False)  # warm-up
+    # Bare requests opt out of lookahead: in the paired mode they run in the lookahead engine as plain prefills.
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args={"lookahead": False})
+
+    def bare_steps(ctx: int, rep: int, sizes: tuple[int, ...]) -> list[dict[str, Any]]:
+        base = text_ids[rep * 7 : rep * 7 + ctx]  # a fresh prefix per repetition
+        llm.generate({"prompt_token_ids": base}, one, use_tqdm=False)  # caches the prefix
+        out = []
+        for t in sizes:
+            extra = text_ids[3000 + t : 3000 + 2 * t]  # never cached
+            timer.records.clear()
+            llm.generate({"prompt_token_ids": base + extra}, one, use_tqdm=False)
+            (r,) = timer.records  # one step: the t uncached tokens against the cached prefix
+            if r["scheduled"] != t:
+                raise RuntimeError(f"prefix caching missed: {r['scheduled']} tokens scheduled for {t}")
+            out.append(r | {"context": ctx, "tokens": t})
+        return out
+
+    def tree_steps(ctx: int, new_tokens: int, start: int = 0) -> list[dict[str, Any]]:
+        sp = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        timer.records.clear()
+        llm.generate({"prompt_token_ids": text_ids[start : start + ctx]}, sp, use_tqdm=False)
+        return [r | {"context": ctx, "tokens": int(kind.split("=")[1])} for r in timer.records[3:]]  # past warm-up
+
     kept: list[dict[str, Any]] = []
+    bare_kept: list[dict[str, Any]] = []
     for ctx in args.context_list:
         if kind == "bare":
-            one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
             for rep in range(args.repeats):
-                base = text_ids[rep * 7 : rep * 7 + ctx]  # a fresh prefix per repetition
-                llm.generate({"prompt_token_ids": base}, one, use_tqdm=False)  # caches the prefix
-                for t in (1, *args.tree_list):
-                    extra = text_ids[3000 + t : 3000 + 2 * t]  # never cached
-                    timer.records.clear()
-                    llm.generate({"prompt_token_ids": base + extra}, one, use_tqdm=False)
-                    (r,) = timer.records  # one step: the t uncached tokens against the cached prefix
-                    if r["scheduled"] != t:
-                        raise RuntimeError(f"prefix caching missed: {r['scheduled']} tokens scheduled for {t}")
-                    kept.append(r | {"context": ctx, "tokens": t})
+                kept += bare_steps(ctx, rep, (1, *args.tree_list))
+        elif args.paired:  # bare(T) and tree steps alternate, seconds apart, in this one process
+            tree = int(kind.split("=")[1])
+            for rep in range(args.repeats):
+                bare_kept += bare_steps(ctx, rep, (1, tree))
+                kept += tree_steps(ctx, args.new_tokens, start=rep * 11)
         else:
-            sp = SamplingParams(temperature=0.0, max_tokens=args.new_tokens, ignore_eos=True)
-            timer.records.clear()
-            llm.generate({"prompt_token_ids": text_ids[:ctx]}, sp, use_tqdm=False)
-            for r in timer.records[3:]:  # past the prefill and the window's warm-up
-                kept.append(r | {"context": ctx, "tokens": int(kind.split("=")[1])})
-    Path(args.result_file).write_text(json.dumps({"kind": kind, "dtype": dtype, "records": kept}))
+            kept += tree_steps(ctx, args.new_tokens)
+    results = [{"kind": kind, "dtype": dtype, "records": kept}]
+    if bare_kept:
+        results.append({"kind": "bare", "dtype": dtype, "records": bare_kept})
+    Path(args.result_file).write_text(json.dumps(results))
     return 0
 
 
@@ -360,7 +390,7 @@ def plot(rows: list[dict[str, Any]], dtype: str, path: Path, model: str = "defau
     plt.close(fig)
 
 
-def run_child(args: argparse.Namespace, kind: str, dtype: str) -> dict[str, Any] | None:
+def run_child(args: argparse.Namespace, kind: str, dtype: str) -> list[dict[str, Any]]:
     import subprocess
 
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
@@ -371,7 +401,7 @@ def run_child(args: argparse.Namespace, kind: str, dtype: str) -> dict[str, Any]
         if rc == 0 and rf.exists():
             return json.loads(rf.read_text())
     print(f"warning: {kind} {dtype} failed (exit {rc})", file=sys.stderr)
-    return None
+    return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -383,13 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.runtime == "project":
         os.environ.update(cpu_runtime.environment())
     tree_path = "reference" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "kernel"
-    kinds = ["bare", *(() if args.bare_only else (f"tree={t}" for t in args.tree_list))]
+    trees = () if args.bare_only else tuple(f"tree={t}" for t in args.tree_list)
+    kinds = list(trees) if args.paired else ["bare", *trees]  # paired: each tree's process times its bare steps
     jobs = [(k, d) for _ in range(args.rounds) for d in args.dtype_list for k in kinds]
     results = []
     for kind, dtype in tqdm(jobs, desc="configurations", file=sys.stderr):
-        res = run_child(args, kind, dtype)
-        if res is not None:
-            results.append(res)
+        results += run_child(args, kind, dtype)
     rows = summarise(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -397,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     stem += ("_vllm-runtime" if args.runtime == "vllm" else "") + ("_reference" if tree_path == "reference" else "")
     stem += f"_{Path(args.model).name}" if args.model else ""
     stem += "_bare" if args.bare_only else ""
+    stem += "_paired" if args.paired else ""
     for dtype in args.dtype_list:
         print(f"\n### {dtype} (ms per engine step, medians; batch 1; tree attention: {tree_path}; "
               f"{cpu_runtime.describe({})})\n")  # fmt: skip
