@@ -4,10 +4,12 @@
     python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --method none ...   # plain
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with max_num_seqs = --concurrency, eager, on
-HumanEval prompts (greedy). After a warm-up batch, `--num-prompts` prompts are generated under cProfile. Prints the
-tokens/s (cProfile slows Python-heavy code more than the forward's kernels: compare methods within one profile's
-rows, not against bench_methods' figures), then the plugin's functions by cumulative time and the calls they spend
-the most time in (`--top`). The plugin carries no profiling code.
+HumanEval or (`--dataset sharegpt`) chat-templated ShareGPT prompts, as bench_methods feeds them (greedy). After a
+warm-up batch on other prompts of the set, `--num-prompts` prompts are generated under cProfile. Prints the tokens/s
+(cProfile slows Python-heavy code more than the forward's kernels: compare methods within one profile's rows, not
+against bench_methods' figures), lookahead's worker counters (`lookahead_stats`: drafted and accepted nodes per
+source, steps that ran the tree kernel, the step-cost fit), then the plugin's functions by cumulative time and the
+calls they spend the most time in (`--top`). The plugin carries no profiling code.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
     p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "sharegpt"))
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--num-prompts", type=int, default=48)
     p.add_argument("--max-tokens", type=int, default=96)
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
 
     from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import humaneval_prompts
+    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     kw: dict = dict(
         model=default_model_path(),
@@ -54,9 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.method == "lookahead":
         kw["speculative_config"] = {"method": "lookahead", **json.loads(args.lookahead_config or "{}")}
     llm = LLM(**kw)
-    prompts = humaneval_prompts(args.num_prompts)
+    if args.dataset == "humaneval":
+        prompts = humaneval_prompts(args.num_prompts + args.concurrency)
+    else:
+        tokenizer = llm.get_tokenizer()
+        prompts = [as_chat(tokenizer, text) for text in sharegpt_prompts(args.num_prompts + args.concurrency)]
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    llm.generate(prompts[: args.concurrency], sp, use_tqdm=False)  # warm-up
+    # warm up on prompts outside the profiled ones: lookahead's suffix cache keeps finished outputs
+    prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
+    llm.generate(warm, sp, use_tqdm=False)
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
@@ -65,8 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
-    print(f"\n{what}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
+    print(f"\n{what}, {args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
           f"tokens in {seconds:.2f} s under cProfile = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
+    if args.method == "lookahead":
+        stats = llm.collective_rpc("lookahead_stats")[0]
+        print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     stats.sort_stats("cumulative").print_stats("vllm_lookahead|model_executor/models", args.top)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from vllm_lookahead import cpu_kv_cache, tree_kernel
-from vllm_lookahead.tree_attention_plan import KERNEL_DTYPES, KERNEL_LAYOUTS
+from vllm_lookahead.tree_attention_plan import cache_readable
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention import Attention
@@ -30,6 +30,7 @@ class CacheLayers:
 
     layers: list[Attention]
     compiled: bool
+    caches: list[torch.Tensor]  # the layers' non-empty caches, in layer order: what one compiled call moves
 
     @classmethod
     def of(cls, layers: Sequence[Attention]) -> CacheLayers:
@@ -39,7 +40,7 @@ class CacheLayers:
             for c in caches
         )
         compiled = tree_kernel.load() is not None and bool(caches) and alike
-        return cls(list(layers), compiled and all(compiled_moves_apply(layer) for layer in layers))
+        return cls(list(layers), compiled and all(compiled_moves_apply(layer) for layer in layers), caches)
 
 
 def attention_layers(runner: GPUModelRunner) -> CacheLayers:
@@ -55,8 +56,7 @@ def attention_layers(runner: GPUModelRunner) -> CacheLayers:
 def move_kv_slots(cache_layers: CacheLayers, src: Sequence[int], dst: Sequence[int]) -> None:
     """For every layer, copy the KV at global cache slots `src` to slots `dst` (pairwise)."""
     if cache_layers.compiled:
-        caches = [layer.kv_cache for layer in cache_layers.layers if _has_cache(layer)]
-        tree_kernel.load().move_slots(caches, src, dst)  # one call: every layer, no torch op per layer
+        tree_kernel.load().move_slots(cache_layers.caches, src, dst)  # one call: every layer, no torch op per layer
     else:
         move_kv_slots_reference(cache_layers.layers, src, dst)
 
@@ -71,14 +71,7 @@ def compiled_moves_apply(layer: Attention) -> bool:
     if not _has_cache(layer):
         return True  # nothing to move
     kv = layer.kv_cache
-    return (
-        kv.dtype in KERNEL_DTYPES
-        and getattr(layer, "isa", None) in KERNEL_LAYOUTS
-        and layer.impl.kv_cache_dtype == "auto"
-        and kv.dim() == 4
-        and kv.stride(3) == 1
-        and kv.stride(2) == kv.shape[3]
-    )
+    return cache_readable(layer.impl, layer, kv) and kv.dim() == 4 and kv.stride(3) == 1 and kv.stride(2) == kv.shape[3]
 
 
 def move_kv_slots_reference(layers: Sequence[Attention], src: Sequence[int], dst: Sequence[int]) -> None:

@@ -67,16 +67,24 @@ def work_items(trees: Sequence[TreeRows], num_kv_heads: int, num_threads: int) -
     return np.array(items, np.int32), masks
 
 
+def cache_readable(impl: CPUAttentionBackendImpl, layer: Attention, kv_cache: torch.Tensor) -> bool:
+    """Whether the compiled kernel reads (and moves) this layer's cache as vLLM wrote it: an unscaled float32 or
+    bfloat16 cache in a layout it knows (`cpu_kv_cache`)."""
+    return (
+        kv_cache.dtype in KERNEL_DTYPES
+        and getattr(layer, "isa", None) in KERNEL_LAYOUTS
+        and impl.kv_cache_dtype == "auto"
+    )
+
+
 def supports(impl: CPUAttentionBackendImpl, layer: Attention, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether the compiled kernel computes this layer's tree rows exactly as the stock kernel would."""
     kernel = tree_kernel.load()
     return (
         kernel is not None
-        and query.dtype in KERNEL_DTYPES
+        and cache_readable(impl, layer, kv_cache)
         and kv_cache.dtype == query.dtype
         and query.stride(-1) == 1
-        and getattr(layer, "isa", None) in KERNEL_LAYOUTS
-        and impl.kv_cache_dtype == "auto"
         and impl.alibi_slopes is None
         and not impl.logits_soft_cap
         and impl.sinks is None
