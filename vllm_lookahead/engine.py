@@ -360,12 +360,12 @@ class LookaheadEngine:
             rows.append((i, req_id))
             ready.append((state, int(sampled[-1])))
             caps.append(room + 1)
-        if not ready:
-            return drafts
+        budget = self.params.step_token_budget - len(ready)
+        if not ready or budget <= 0:
+            return drafts  # no room for a single draft token this step: the states have learned, nothing to build
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
         floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
         trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
-        budget = self.params.step_token_budget - len(trees)
         if self.ranks == 1:
             # Where the tree attention path costs more than its branches bring, each request's best chain alone.
             trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget)
