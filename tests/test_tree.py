@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.tree import StepTree, build_step_tree, window_slots_max
+from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree, window_slots_max
 from vllm_lookahead.window import JacobiWindow
 
 VOCAB = 3  # tiny, so that paths collide and merging has work to do
@@ -199,3 +199,21 @@ def test_steptree_children_rebuilt_when_not_given():
     tree = StepTree(tokens=[0, 1, 2, 3], parents=[-1, 0, 0, 1], depths=[0, 1, 1, 2])
     assert tree.children(0) == [1, 2] and tree.children(1) == [3] and tree.children(3) == []
     assert tree.path(3) == [0, 1, 3]
+
+
+def test_a_node_under_a_merged_parent_scores_from_that_parent():
+    """The suffix tree makes token 1 likely (0.9); prompt lookup proposes 1 then 2, 2 at 0.8 given 1: node 2 is
+    accepted with about 0.9 * 0.8, not the 0.24 of lookup's own path. The shared node keeps the source with the
+    higher conditional (suffix's), the child its own."""
+    suffix = Candidate([1], [0.9], Source.SUFFIX, [0.9])
+    lookup = Candidate([1, 2], [0.3, 0.24], Source.LOOKUP)
+    for cands in ([suffix, lookup], [lookup, suffix]):
+        tree = build_step_tree(7, None, cands)
+        one, two = tree.candidate_nodes[cands.index(lookup)]
+        assert tree.scores[one] == pytest.approx(0.9) and tree.sources[one] == Source.SUFFIX
+        assert tree.estimates[one] == pytest.approx(0.9)
+        assert tree.scores[two] == pytest.approx(0.72) and tree.sources[two] == Source.LOOKUP
+        assert tree.by_score().tokens[:3] == [7, 1, 2]
+    # unmerged: each candidate keeps its own path
+    tree = build_step_tree(7, None, [suffix, lookup], merge=False)
+    assert sorted(tree.scores) == pytest.approx([0.24, 0.3, 0.9, 1.0])
