@@ -28,7 +28,7 @@ def window_slots_max(window_size: int, ngram_size: int) -> int:
 
 
 class Source(IntEnum):
-    """Where a node came from (a merged node keeps the source that gave it its best score)."""
+    """Where a node came from (a merged node keeps the source with the highest conditional estimate there)."""
 
     ROOT = 0
     LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens
@@ -60,7 +60,8 @@ class StepTree:
     candidate j's tokens in order (shorter if the tree was truncated). With merging, several slots/candidates
     may map to one node: a node is identified by its root path, and the model's output there is the same.
     scores[u] estimates the probability that node u is accepted (1 for the root; never more than its parent's),
-    sources[u] says which source gave that score and estimates[u] that source's own conditional estimate (1: none).
+    sources[u] says which source gave its conditional estimate given the parent (the highest of those proposing u)
+    and estimates[u] that source's own conditional estimate (1: none).
     """
 
     tokens: list[int]
