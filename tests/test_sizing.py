@@ -214,7 +214,7 @@ def test_rising_acceptance_grows_trees_through_the_state():
     params = LookaheadParams(window_size=1, ngram_size=4, guess_set_size=4, lookup_candidates=0, suffix_candidates=0)
     stats = AcceptanceStats()
     prompt = [7, 1, 2, 3, 7, 4, 5, 6, 7, 8, 9, 10]
-    cost = StepCost(relative_node_cost=0.05)
+    cost = StepCost(relative_node_cost=0.2)
 
     def size() -> int:
         tree = LookaheadState(params, prompt, stats=stats).build_tree(7)

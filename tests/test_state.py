@@ -5,8 +5,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.tree import Source
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # repeated tokens: a key alone is ambiguous
@@ -203,3 +205,54 @@ def test_memory_is_bounded_over_a_long_generation():
     assert max(len(p) for p in state.lookup._index.values()) <= 4
     assert len(state.tail) == params.ngram_size - 1 and len(state.recent) <= params.suffix_depth
     assert state.window.num_cols == cols
+
+
+def test_trees_are_scored_in_hindsight_beyond_what_a_step_verified():
+    """A step that verifies only the first two nodes of a long prompt-lookup candidate still teaches the statistics
+    that its deeper nodes are accepted: the sequence went on through them (scored against the sequence once it
+    decided them, or when the sequence ends)."""
+    prompt = list(range(40)) + list(range(10))
+    params = LookaheadParams(lookup_candidates=1, lookup_len=8, guess_set_size=0, suffix_candidates=0)
+    state = LookaheadState(params, prompt)
+    stats = state.stats
+    deep = stats.factor(Source.LOOKUP, 6)
+    x0 = 10
+    for _ in range(4):
+        tree = state.build_tree(x0)
+        assert [tree.tokens[u] for u in tree.candidate_nodes[0]] == list(range(x0 + 1, x0 + 9))
+        verified = tree.truncate(3)  # what the step carried: x0 and two nodes, both accepted, plus the bonus
+        nodes, toks = greedy_verify(verified, [x0 + 1, x0 + 2, x0 + 3] + [0] * (verified.num_nodes - 3))
+        assert toks == [x0 + 1, x0 + 2, x0 + 3]
+        state.update(verified, [0] * verified.num_nodes, toks)
+        x0 = toks[-1]
+    assert state.unscored  # the last trees' deep nodes are not decided yet
+    state.close()
+    assert not state.unscored
+    assert stats.factor(Source.LOOKUP, 6) > deep  # never verified, yet learned as accepted
+    prior = AcceptanceStats()
+    assert stats.factor(Source.LOOKUP, 8) > prior.factor(Source.LOOKUP, 8)
+    assert stats.factor(Source.LOOKUP, 9) == prior.factor(Source.LOOKUP, 9)  # no node that deep: untouched
+
+
+@pytest.mark.parametrize("target", [periodic_target, chaotic_target])
+def test_hindsight_over_verified_trees_equals_verification(target):
+    """Greedy: when every step verifies its whole tree, scoring the trees against the sequence afterwards learns
+    exactly what observing each verification does."""
+    prompt = PERIOD * 2 + PERIOD[:5]
+    params = LookaheadParams(window_size=3, ngram_size=3, suffix_candidates=0)
+    learned, seen = AcceptanceStats(), AcceptanceStats()
+    state = LookaheadState(params, prompt, stats=learned)
+    context = list(prompt)
+    x0 = target(context)
+    for _ in range(60):
+        tree = state.build_tree(x0)
+        base = [*context, x0]
+        argmax = [target(base + [tree.tokens[v] for v in tree.path(u)[1:]]) for u in range(tree.num_nodes)]
+        nodes, toks = greedy_verify(tree, argmax)
+        seen._observe_nodes(tree, {0, *nodes}, None)
+        state.update(tree, argmax, toks)
+        assert not state.unscored  # the bonus token decides a wholly verified tree
+        context = base + toks[:-1]
+        x0 = toks[-1]
+    assert learned._hits == seen._hits and learned._expected == seen._expected
+    assert learned._hits != AcceptanceStats()._hits

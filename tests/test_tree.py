@@ -217,3 +217,17 @@ def test_a_node_under_a_merged_parent_scores_from_that_parent():
     # unmerged: each candidate keeps its own path
     tree = build_step_tree(7, None, [suffix, lookup], merge=False)
     assert sorted(tree.scores) == pytest.approx([0.24, 0.3, 0.9, 1.0])
+
+
+@settings(max_examples=200, deadline=None)
+@given(inp=step_inputs(), merge=st.booleans(), following=st.lists(st.integers(0, VOCAB - 1), max_size=6))
+def test_follow_finds_the_nodes_a_continuation_goes_through(inp, merge, following):
+    x0, win, cands = inp
+    tree = build_step_tree(x0, win, cands, merge=merge)
+    on, decided = tree.follow(following)
+    # exactly the nodes whose root path (after x0) is a prefix of the continuation
+    want = {u for u in range(tree.num_nodes) if list(_root_path_tokens(tree, u)[1:]) == following[: tree.depths[u]]}
+    assert on == want
+    # decided: no node the continuation reaches has a child whose position is not yet known
+    undecided = any(tree.children(u) and tree.depths[u] >= len(following) for u in on)
+    assert decided == (not undecided)

@@ -302,7 +302,8 @@ class LookaheadEngine:
             if state is not None:
                 state.update(s.tree, argmax, tokens)
             if s.ours and state is not None:
-                state.stats.observe(s.tree, accepted)
+                # The nodes' rates are learned by the state in hindsight, over its whole tree; the window's worth here.
+                state.stats.observe_window(s.tree, accepted)
                 sources = s.tree.sources
                 for u in range(1, n):
                     self.stats.drafted[SOURCE_NAMES[sources[u] - 1]] += 1

@@ -46,6 +46,9 @@ class LookaheadState:
         "seen",
         "recent",
         "shared",
+        "unscored",
+        "following",
+        "following_from",
     )
 
     def __init__(
@@ -87,6 +90,11 @@ class LookaheadState:
         self.seen = self.prompt_len  # tokens of the sequence the sources have learned
         if self.suffix is not None:
             self.suffix.start(req_id, prompt_token_ids)
+        # Trees whose nodes the sequence has not yet decided, each with the index of its first position (after x0),
+        # and the sequence's tokens from index following_from on, which decide them (`_score_in_hindsight`).
+        self.unscored: list[tuple[StepTree, int]] = []
+        self.following: list[int] = []
+        self.following_from = 0
 
     def build_tree(self, x0: int, max_nodes: int | None = None, min_score: float = 0.0) -> StepTree:
         """This step's tree, best-scored nodes first: root x0, the lookup, pool and suffix candidates and the
@@ -101,35 +109,39 @@ class LookaheadState:
         cands: list[Candidate] = []
 
         def add(tokens: Sequence[int], source: Source, estimates: Sequence[float] | None = None) -> None:
-            scores = stats.path_scores(source, estimates, len(tokens))
-            if min_score > 0:  # scores never grow along a path: keep the head above the bar
-                k = sum(1 for s in scores if s > min_score)
-                if k < len(tokens):
-                    tokens, scores = tokens[:k], scores[:k]
-                    estimates = None if estimates is None else estimates[:k]
-                    if not k:
-                        return
-            cands.append(Candidate(tokens, scores, source, estimates))
+            cands.append(Candidate(tokens, stats.path_scores(source, estimates, len(tokens)), source, estimates))
 
-        def worth(source: Source) -> bool:  # can a depth-1 node of this source clear the bar?
-            return min_score <= 0 or min(1.0, stats.factor(source, 1)) > min_score
+        def worth(source: Source, depth: int) -> bool:
+            """Can a node of this source within `depth` clear the bar? A node scores at most its conditional
+            estimate (below a parent another source made certain), so a source none of whose estimates clears it
+            adds nothing the sizing would take, whatever it merges with."""
+            return min_score <= 0 or any(min(1.0, stats.factor(source, d)) > min_score for d in range(1, depth + 1))
 
-        if self.lookup is not None and worth(Source.LOOKUP):
+        if self.lookup is not None and worth(Source.LOOKUP, p.lookup_len):
             for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
                 add(c, Source.LOOKUP)
-        if worth(Source.POOL) or worth(Source.JACOBI):
+        n1 = p.ngram_size - 1
+        if worth(Source.POOL, n1) or worth(Source.JACOBI, n1):
             for value, by_window in self.pool.get_with_origin(x0):
                 add(value, Source.JACOBI if by_window else Source.POOL)
-        if self.shared is not None and worth(Source.SHARED):
+        if self.shared is not None and worth(Source.SHARED, n1):
             for value in self.shared.get(x0)[: p.guess_set_size]:
                 add(value, Source.SHARED)
-        if self.suffix is not None and worth(Source.SUFFIX):
+        if self.suffix is not None and worth(Source.SUFFIX, p.suffix_candidates):
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
                 add(c.tokens, Source.SUFFIX, c.estimates)
         window = self.window if min_score <= 0 or stats.window_value > min_score else None
         tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
-        return tree.by_score().truncate(cap)
+        tree = tree.by_score()
+        if min_score > 0:  # best first: the nodes above the bar are a prefix (the root's score is 1)
+            cap = min(cap, max(1, sum(1 for sc in tree.scores if sc > min_score)))
+        tree = tree.truncate(cap)
+        if tree.num_nodes > 1:  # the whole tree, however much of it a step verifies, is scored in hindsight
+            if not self.unscored:
+                self.following, self.following_from = [], self.seen
+            self.unscored.append((tree, self.seen))
+        return tree
 
     def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
         """Advance the window one position, feed its n-grams to the pool, learn the accepted tokens, and set x0 to
@@ -163,14 +175,42 @@ class LookaheadState:
             self._learn(fetch(self.seen, num_tokens))
 
     def close(self) -> None:
-        """The sequence ended: release its suffix tree (its output stays a candidate for later sequences)."""
+        """The sequence ended: score its trees as far as it went, release its suffix tree (its output stays a
+        candidate for later sequences)."""
+        for tree, start in self.unscored:
+            self.stats.observe_continuation(tree, self.following[start - self.following_from :])
+        self.unscored.clear()
         if self.suffix is not None:
             self.suffix.stop(self.req_id)
+
+    def _score_in_hindsight(self) -> None:
+        """Teach the acceptance statistics every tree node the sequence has now decided: the nodes it went through
+        were accepted, their children it did not take were not, whether or not a step carried them."""
+        base, following = self.following_from, self.following
+        left = []
+        for tree, start in self.unscored:
+            after = following[start - base :]
+            if tree.follow(after)[1]:
+                self.stats.observe_continuation(tree, after)
+            else:
+                left.append((tree, start))
+        self.unscored = left
+        if left:  # keep the tokens from the oldest waiting tree's first position on
+            cut = left[0][1] - base
+            if cut > 0:
+                del following[:cut]
+                self.following_from += cut
+        else:
+            following.clear()
+            self.following_from = self.seen
 
     def _learn(self, new_tokens: Sequence[int]) -> None:
         """Every text source learns the sequence's next tokens."""
         new = [int(t) for t in new_tokens]
         self.seen += len(new)
+        if self.unscored:
+            self.following.extend(new)
+            self._score_in_hindsight()
         if self.params.pool_from_output or self.shared is not None:
             n = self.params.ngram_size
             seq = self.tail + new

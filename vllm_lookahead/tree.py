@@ -106,6 +106,19 @@ class StepTree:
         out.reverse()
         return out
 
+    def follow(self, tokens: Sequence[int]) -> tuple[set[int], bool]:
+        """The nodes whose root path (after x0) spells a prefix of `tokens`, the root included; and whether that
+        decides every node the continuation reaches: each such node is a leaf or its next token is known (in an
+        unmerged tree several nodes can share a root path, so it is a set)."""
+        on, frontier = {0}, [0]
+        kids, toks = self._children, self.tokens
+        for tok in tokens:
+            frontier = [c for u in frontier for c in kids[u] if toks[c] == tok]
+            if not frontier:
+                return on, True
+            on.update(frontier)
+        return on, not any(kids[u] for u in frontier)
+
     @property
     def is_chain(self) -> bool:
         """Every node is the previous node's child: causal attention over the nodes is already the tree mask."""
