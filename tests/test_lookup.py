@@ -15,16 +15,16 @@ def brute(tokens, num, length, max_match):
         ends = [p for p in range(m - 1, end) if tokens[p - m + 1 : p + 1] == suffix]
         for p in reversed(ends[-4:]):
             cont = tokens[p + 1 : p + 1 + length]
-            if cont and cont not in out:
-                out.append(cont)
+            if cont and all(cont != c for c, _ in out):
+                out.append((cont, m))
     return out[:num]
 
 
 def test_longest_match_first():
     idx = LookupIndex([1, 2, 3, 4, 9, 3, 5, 6, 2, 3], max_match=2)
     # suffix (2, 3) occurred at positions 1..2 -> continuation 4 9 3; then suffix (3,) at 5 -> 5 6 2
-    assert idx.candidates(2, 3) == [[4, 9, 3], [5, 6, 2]]
-    assert idx.candidates(1, 2) == [[4, 9]]
+    assert idx.candidates(2, 3) == [([4, 9, 3], 2), ([5, 6, 2], 1)]
+    assert idx.candidates(1, 2) == [([4, 9], 2)]
 
 
 def test_incremental_equals_bulk_and_brute_force():

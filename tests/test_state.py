@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.state import LookaheadState
-from vllm_lookahead.tree import Source
+from vllm_lookahead.tree import Source, StepTree
 from vllm_lookahead.verify import greedy_verify, sample_verify
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # repeated tokens: a key alone is ambiguous
@@ -256,3 +256,19 @@ def test_hindsight_over_verified_trees_equals_verification(target):
         x0 = toks[-1]
     assert learned._hits == seen._hits and learned._expected == seen._expected
     assert learned._hits != AcceptanceStats()._hits
+
+
+def test_prompt_lookup_on_a_short_match_is_scored_apart():
+    """A lookup candidate that continues only the last token (not the index's longest match) is its own source, so
+    its far lower acceptance does not drag down the long matches' scores."""
+    params = LookaheadParams(lookup_candidates=2, lookup_len=3, guess_set_size=0, suffix_candidates=0)
+    prompt = [1, 2, 3, 4, 5, 6, 9, 2, 3, 7, 8, 0, 5, 3]
+    state = LookaheadState(params, prompt)
+
+    def firsts(tree: StepTree) -> dict[int, Source]:
+        return {tree.tokens[u]: Source(tree.sources[u]) for u in tree.children(0) if tree.sources[u] != Source.WINDOW}
+
+    # ... 5 3 | 3: "5 3 3" and "3 3" never occurred, "3" did: most recently followed by the x0 itself, before by 7
+    assert firsts(state.build_tree(3)) == {3: Source.LOOKUP_SHORT, 7: Source.LOOKUP_SHORT}
+    state = LookaheadState(params, [1, 2, 3, 4, 5, 6, 1, 2])
+    assert firsts(state.build_tree(3)) == {4: Source.LOOKUP}  # "1 2 3" occurred: the longest match

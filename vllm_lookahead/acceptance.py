@@ -40,6 +40,7 @@ PRIOR_RATE = {
     Source.SUFFIX: 1.0,
     Source.WINDOW: 0.05,
     Source.SHARED: 0.2,
+    Source.LOOKUP_SHORT: 0.2,
 }
 # What the window yields: accepted nodes of these sources.
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)

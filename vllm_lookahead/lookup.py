@@ -42,14 +42,14 @@ class LookupIndex:
                     if len(pos) > _MAX_POSITIONS:
                         del pos[0]
 
-    def candidates(self, num: int, length: int) -> list[list[int]]:
-        """Up to `num` distinct continuations (each <= `length` tokens) of the sequence's end, longest match
-        first, most recent occurrence first."""
+    def candidates(self, num: int, length: int) -> list[tuple[list[int], int]]:
+        """Up to `num` distinct continuations (each <= `length` tokens) of the sequence's end, each with the length
+        of the match it continues; longest match first, most recent occurrence first."""
         toks = self.tokens
         end = len(toks) - 1
         if num <= 0 or length <= 0 or end < 1:
             return []
-        out: list[list[int]] = []
+        out: list[tuple[list[int], int]] = []
         seen: set[tuple[int, ...]] = set()
         for m in range(min(self.max_match, end), 0, -1):
             for p in reversed(self._index.get(tuple(toks[end - m + 1 :]), ())):
@@ -59,7 +59,7 @@ class LookupIndex:
                 key = tuple(cont)
                 if cont and key not in seen:
                     seen.add(key)
-                    out.append(cont)
+                    out.append((cont, m))
                     if len(out) == num:
                         return out
         return out

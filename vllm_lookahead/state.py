@@ -117,9 +117,10 @@ class LookaheadState:
             adds nothing the sizing would take, whatever it merges with."""
             return min_score <= 0 or any(min(1.0, stats.factor(source, d)) > min_score for d in range(1, depth + 1))
 
-        if self.lookup is not None and worth(Source.LOOKUP, p.lookup_len):
-            for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
-                add(c, Source.LOOKUP)
+        if self.lookup is not None and (worth(Source.LOOKUP, p.lookup_len) or worth(Source.LOOKUP_SHORT, p.lookup_len)):
+            longest = self.lookup.max_match
+            for c, matched in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
+                add(c, Source.LOOKUP if matched >= longest else Source.LOOKUP_SHORT)
         n1 = p.ngram_size - 1
         if worth(Source.POOL, n1) or worth(Source.JACOBI, n1):
             for value, by_window in self.pool.get_with_origin(x0):

@@ -31,12 +31,15 @@ class Source(IntEnum):
     """Where a node came from (a merged node keeps the source with the highest conditional estimate there)."""
 
     ROOT = 0
-    LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens
+    LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens (the longest match)
     POOL = 2  # the n-gram pool: n-grams of the prompt and the output
     JACOBI = 3  # the n-gram pool: n-grams the Jacobi window found before the text showed them
     SUFFIX = 4  # suffix trees over the prompt, the output and earlier requests' outputs
     WINDOW = 5  # a Jacobi window slot
     SHARED = 6  # the n-gram pool shared by all requests (what earlier requests saw and found)
+    # prompt lookup on a shorter match than the index keeps (the last 1-2 tokens): far less often right (measured
+    # on HumanEval, the first token 0.28 and 0.51 for 1 and 2 matched tokens, against 0.89 for 3), so scored apart
+    LOOKUP_SHORT = 7
 
 
 @dataclass(frozen=True)
