@@ -1,0 +1,146 @@
+"""Lookahead's drafting replayed on known greedy outputs, without the model: tokens per step in seconds, not minutes.
+
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/replay_trees.py --generate   # once: the outputs
+    python benchmarks/replay_trees.py                                    # default settings
+    python benchmarks/replay_trees.py --lookahead-config '{"lookup_len": 16}' --spec-factor 1
+
+Greedy decoding is deterministic, so once plain decoding's outputs are known (`--generate`: float32, greedy, 128
+tokens, the first `--num-prompts` prompts of HumanEval and chat-templated ShareGPT plus one more of each as the
+warm-up, saved to `--sequences`), a lookahead run on them can be replayed exactly without the model: each step
+builds the request's tree with the engine's own state, acceptance statistics and sizing (`plan_step`, under a fixed
+step cost: `--fixed` seconds plus `--per-token` per request and per draft token, about what the engine fits at batch
+1 on this machine in float32), verifies it against the known continuation and updates the state as the engine
+would. A node's argmax is known only on the true path (elsewhere the Jacobi window learns nothing), so the window's
+own part is underrated; prompt lookup, the pool and the suffix trees (a global cache over the replayed requests, in
+order) replay as they run. Prints, per dataset, tokens per step, draft nodes per step and the tokens per modelled
+second. For comparing drafting and scoring changes; the engine benchmarks (`bench_methods.py`) have the last word.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DATASETS = ("humaneval", "sharegpt")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--generate", action="store_true", help="run plain decoding once and save its outputs")
+    p.add_argument("--num-prompts", type=int, default=20, help="prompts per dataset (with --generate)")
+    p.add_argument("--sequences", type=Path, default=RESULTS / "replay_sequences.json")
+    p.add_argument("--lookahead-config", default=None, help="JSON of lookahead keys")
+    p.add_argument("--spec-factor", type=float, default=None, help="vllm_lookahead.suffix.SPEC_FACTOR for the run")
+    p.add_argument("--fixed", type=float, default=0.035, help="seconds of a one-request step without drafts")
+    p.add_argument("--per-token", type=float, default=0.001, help="seconds per request and per draft token")
+    return p.parse_args(argv)
+
+
+def generate(path: Path, num_prompts: int) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+
+    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+
+    llm = LLM(model=default_model_path(), dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
+    sp = SamplingParams(temperature=0.0, max_tokens=128)
+    out = {}
+    for ds in DATASETS:
+        if ds == "humaneval":
+            prompts = humaneval_prompts(num_prompts + 1)
+        else:
+            prompts = [as_chat(llm.get_tokenizer(), t) for t in sharegpt_prompts(num_prompts + 1)]
+        outs = llm.generate(prompts, sp, use_tqdm=True)
+        out[ds] = [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+    print(f"saved {path}")
+
+
+def replay(
+    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    params: object,
+    fixed: float,
+    per_token: float,
+    warm: int = 0,
+) -> tuple[float, float, float]:
+    """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
+    (prompt, greedy output) replayed in order through one engine's shared statistics and suffix cache. Raises if a
+    replayed output differs from the known one (the replay must be exact)."""
+    from vllm_lookahead.acceptance import AcceptanceStats
+    from vllm_lookahead.sizing import StepCost, plan_step, score_floor
+    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.suffix import SuffixCandidates
+    from vllm_lookahead.verify import greedy_verify
+
+    stats = AcceptanceStats()
+    cost = StepCost.frozen((fixed, per_token, per_token, 0.0))
+    suffix = (
+        SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
+    )
+    steps = tokens = drafts = 0
+    seconds = 0.0
+    for rid, (prompt, output) in enumerate(requests):
+        state = LookaheadState(params, list(prompt), stats=stats, suffix=suffix, req_id=rid)
+        made = [output[0]]  # the prefill's token
+        while len(made) < len(output):
+            tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
+            trees, sizes = plan_step([tree], [1 << 16], 1, cost, 1 << 16)
+            tree = trees[0].truncate(sizes[0])
+            truth = output[len(made) :]
+            on, _ = tree.follow(truth)
+            # the target's argmax where it is known (the true path); elsewhere a token no draft has
+            argmax = [
+                truth[tree.depths[u]] if u in on and tree.depths[u] < len(truth) else -1 for u in range(tree.num_nodes)
+            ]
+            _, new = greedy_verify(tree, argmax)
+            new = new[: len(truth)]  # the output ended inside the tree
+            state.update(tree, [max(a, 0) for a in argmax], new)
+            made.extend(new)
+            if rid >= warm:
+                steps += 1
+                tokens += len(new)
+                drafts += sizes[0] - 1
+                seconds += cost.seconds(1, sizes[0] - 1)
+        state.close()
+        if made != list(output):
+            raise AssertionError(f"replay of request {rid} differs from its output")
+    return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.generate:
+        generate(args.sequences, args.num_prompts)
+        return 0
+    if not args.sequences.exists():
+        print(f"no {args.sequences}: run with --generate first", file=sys.stderr)
+        return 2
+    from vllm_lookahead import suffix
+    from vllm_lookahead.config import LookaheadParams
+
+    if args.spec_factor is not None:
+        suffix.SPEC_FACTOR = args.spec_factor
+    params = LookaheadParams.from_mapping(json.loads(args.lookahead_config or "{}"))
+    data = json.loads(args.sequences.read_text())
+    print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
+          f"{args.fixed} s + {args.per_token} s per request and draft token\n")  # fmt: skip
+    print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
+    print("|---|---|---|---|---|")
+    for ds in DATASETS:
+        requests = data[ds]
+        # the last request is the warm-up, replayed first
+        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, args.fixed, args.per_token, warm=1)
+        print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

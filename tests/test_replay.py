@@ -1,0 +1,34 @@
+"""The replay benchmark (`benchmarks/replay_trees.py`): lookahead's drafting replayed on known greedy outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.replay_trees import replay
+from vllm_lookahead.config import LookaheadParams
+
+PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
+
+
+def test_replay_reproduces_the_outputs_and_drafts_what_repeats():
+    params = LookaheadParams(suffix_candidates=0)
+    repeating = [(PERIOD[:6], (PERIOD * 10)[6:100])]
+    per_step, nodes, rate = replay(repeating, params, fixed=0.035, per_token=0.001)
+    assert per_step > 2.0 and nodes > 1.0 and rate > 1 / 0.035
+    # a text with nothing to copy: no draft pays, one token per step, the plain rate
+    fresh = [([1, 2], list(range(10, 90)))]
+    assert replay(fresh, params, fixed=0.035, per_token=0.001)[0] == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_replay_that_does_not_match_its_output_is_refused(monkeypatch):
+    import vllm_lookahead.verify as verify
+
+    real = verify.greedy_verify
+
+    def wrong(tree, argmax):  # noqa: ANN001, ANN202
+        nodes, tokens = real(tree, argmax)
+        return nodes, [*tokens[:-1], tokens[-1] + 1]
+
+    monkeypatch.setattr(verify, "greedy_verify", wrong)
+    with pytest.raises(AssertionError, match="differs"):
+        replay([(PERIOD[:6], (PERIOD * 3)[6:30])], LookaheadParams(suffix_candidates=0), 0.035, 0.001)
