@@ -20,22 +20,20 @@ wraps the engine's hooks from outside for the timing and the choice of path: the
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 import sys
 import time
 
+from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import engine as in_process_engine
+from _inprocess import prompts as set_prompts
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    p.add_argument("--dataset", default="sharegpt", choices=("humaneval", "sharegpt"))
+    add_common_args(p, dtype="bfloat16", dataset="sharegpt", num_prompts=20, max_tokens=128)
     p.add_argument("--concurrency", type=int, default=1)
-    p.add_argument("--num-prompts", type=int, default=20)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
     return p.parse_args(argv)
 
 
@@ -49,13 +47,9 @@ def summary(times: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from vllm_lookahead import attention_path, engine, tree_attention, tree_attention_plan
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     branched = [0]  # branched steps seen: odd ones take the plain-torch path
     build = tree_attention_plan.TreeAttentionPlan.build.__func__
@@ -113,21 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.LookaheadEngine.finish_step = finish_step
     engine.LookaheadEngine.propose = propose_
 
-    llm = LLM(
-        model=default_model_path(),
-        dtype=args.dtype,
-        max_model_len=2048,
-        seed=0,
-        enforce_eager=True,
-        max_num_seqs=args.concurrency,
-        speculative_config={"method": "lookahead", **json.loads(args.lookahead_config or "{}")},
-    )
-    n = args.num_prompts + max(args.concurrency, 2)
-    if args.dataset == "humaneval":
-        prompts = humaneval_prompts(n)
-    else:
-        tokenizer = llm.get_tokenizer()
-        prompts = [as_chat(tokenizer, text) for text in sharegpt_prompts(n)]
+    llm = in_process_engine(args, args.concurrency)
+    prompts = set_prompts(llm, args.dataset, args.num_prompts + max(args.concurrency, 2))
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
     llm.generate(warm, sp, use_tqdm=False)  # outside the measured prompts: the suffix cache keeps finished outputs

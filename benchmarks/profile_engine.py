@@ -18,50 +18,30 @@ import argparse
 import cProfile
 import io
 import json
-import os
 import pstats
 import sys
 import time
+
+from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import engine as in_process_engine
+from _inprocess import prompts as set_prompts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
-    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
-    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "sharegpt"))
+    add_common_args(p, dtype="bfloat16", dataset="humaneval", num_prompts=48, max_tokens=96)
     p.add_argument("--concurrency", type=int, default=16)
-    p.add_argument("--num-prompts", type=int, default=48)
-    p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--top", type=int, default=25, help="rows of each table")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
-
-    kw: dict = dict(
-        model=default_model_path(),
-        dtype=args.dtype,
-        max_model_len=2048,
-        seed=0,
-        enforce_eager=True,
-        max_num_seqs=args.concurrency,
-    )
-    if args.method == "lookahead":
-        kw["speculative_config"] = {"method": "lookahead", **json.loads(args.lookahead_config or "{}")}
-    llm = LLM(**kw)
-    if args.dataset == "humaneval":
-        prompts = humaneval_prompts(args.num_prompts + args.concurrency)
-    else:
-        tokenizer = llm.get_tokenizer()
-        prompts = [as_chat(tokenizer, text) for text in sharegpt_prompts(args.num_prompts + args.concurrency)]
+    llm = in_process_engine(args, args.concurrency, lookahead=args.method == "lookahead")
+    prompts = set_prompts(llm, args.dataset, args.num_prompts + args.concurrency)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     # warm up on prompts outside the profiled ones: lookahead's suffix cache keeps finished outputs
     prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]

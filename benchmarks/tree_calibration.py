@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import os
 import sys
 import time
+
+from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import engine as in_process_engine
+from _inprocess import prompts as set_prompts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--dataset", default="humaneval", choices=("humaneval", "sharegpt"))
-    p.add_argument("--num-prompts", type=int, default=10)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+    add_common_args(p, dtype="float32", dataset="humaneval", num_prompts=10, max_tokens=128)
     p.add_argument("--no-floor", action="store_true", help="draft every candidate, whatever its score")
     p.add_argument("--max-depth", type=int, default=6, help="deeper nodes are counted at this depth")
     return p.parse_args(argv)
@@ -41,13 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from vllm_lookahead import engine
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
     from vllm_lookahead.tree import Source
 
     record: dict[str, bool] = {"on": False}
@@ -74,20 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_floor:
         engine.score_floor = lambda cost, requests: 0.0
 
-    llm = LLM(
-        model=default_model_path(),
-        dtype=args.dtype,
-        max_model_len=2048,
-        seed=0,
-        enforce_eager=True,
-        max_num_seqs=1,
-        speculative_config={"method": "lookahead", **json.loads(args.lookahead_config or "{}")},
-    )
-    if args.dataset == "humaneval":
-        prompts = humaneval_prompts(args.num_prompts + 1)
-    else:
-        tokenizer = llm.get_tokenizer()
-        prompts = [as_chat(tokenizer, text) for text in sharegpt_prompts(args.num_prompts + 1)]
+    llm = in_process_engine(args, 1)
+    prompts = set_prompts(llm, args.dataset, args.num_prompts + 1)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate(prompts[-1:], sp, use_tqdm=False)  # warm-up, outside the measured prompts
     record["on"] = True

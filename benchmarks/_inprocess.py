@@ -1,0 +1,50 @@
+"""Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, tree_calibration): their common
+options, one engine in this process on the embedded default model (greedy, eager), and a set's prompts as
+bench_methods feeds them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def add_common_args(p: argparse.ArgumentParser, dtype: str, dataset: str, num_prompts: int, max_tokens: int) -> None:
+    p.add_argument("--dtype", default=dtype, choices=("float32", "bfloat16"))
+    p.add_argument("--dataset", default=dataset, choices=("humaneval", "sharegpt"))
+    p.add_argument("--num-prompts", type=int, default=num_prompts)
+    p.add_argument("--max-tokens", type=int, default=max_tokens)
+    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+
+
+def engine(args: argparse.Namespace, max_num_seqs: int, lookahead: bool = True) -> Any:
+    """vLLM's offline LLM in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a script's patches of the
+    plugin's classes reach the engine; with lookahead and `--lookahead-config` unless `lookahead` is False."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM
+
+    from vllm_lookahead.models import default_model_path
+
+    kw: dict[str, Any] = dict(
+        model=default_model_path(),
+        dtype=args.dtype,
+        max_model_len=2048,
+        seed=0,
+        enforce_eager=True,
+        max_num_seqs=max_num_seqs,
+    )
+    if lookahead:
+        kw["speculative_config"] = {"method": "lookahead", **json.loads(args.lookahead_config or "{}")}
+    return LLM(**kw)
+
+
+def prompts(llm: Any, dataset: str, n: int) -> list[str]:
+    """The first n prompts of a set: HumanEval as is, ShareGPT through the model's chat template."""
+    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+
+    if dataset == "humaneval":
+        return humaneval_prompts(n)
+    tokenizer = llm.get_tokenizer()
+    return [as_chat(tokenizer, text) for text in sharegpt_prompts(n)]
