@@ -42,6 +42,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Lookahead with the tree rows' attention on the plain-torch reference path (VLLM_LOOKAHEAD_TREE_KERNEL=0): the
     # compiled kernel's before/after in one run.
     "lookahead-reference": {"method": "lookahead"},
+    # Lookahead without token recycling (the source's before/after in one run).
+    "lookahead-norecycle": {"method": "lookahead", "recycle_candidates": 0},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {

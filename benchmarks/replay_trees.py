@@ -50,7 +50,10 @@ def generate(path: Path, num_prompts: int) -> None:
     from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     llm = LLM(model=default_model_path(), dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
-    sp = SamplingParams(temperature=0.0, max_tokens=128)
+    from vllm_lookahead.recycle import TOP_K
+
+    # the top tokens at every output position too: what token recycling learns at the rows a step went through
+    sp = SamplingParams(temperature=0.0, max_tokens=128, logprobs=TOP_K)
     out = {}
     for ds in DATASETS:
         if ds == "humaneval":
@@ -58,23 +61,32 @@ def generate(path: Path, num_prompts: int) -> None:
         else:
             prompts = [as_chat(llm.get_tokenizer(), t) for t in sharegpt_prompts(num_prompts + 1)]
         outs = llm.generate(prompts, sp, use_tqdm=True)
-        out[ds] = [(list(o.prompt_token_ids), list(o.outputs[0].token_ids)) for o in outs]
+        out[ds] = [
+            (
+                list(o.prompt_token_ids),
+                list(o.outputs[0].token_ids),
+                [[t for t, _ in sorted(lp.items(), key=lambda kv: kv[1].rank)][:TOP_K] for lp in o.outputs[0].logprobs],
+            )
+            for o in outs
+        ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out))
     print(f"saved {path}")
 
 
 def replay(
-    requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+    requests: Sequence[Sequence[Sequence]],
     params: object,
     fixed: float,
     per_token: float,
     warm: int = 0,
 ) -> tuple[float, float, float]:
     """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
-    (prompt, greedy output) replayed in order through one engine's shared statistics and suffix cache. Raises if a
-    replayed output differs from the known one (the replay must be exact)."""
+    (prompt, greedy output[, the target's top tokens at each output position]) replayed in order through one
+    engine's shared statistics, suffix cache and token-recycling table (which learns only where the top tokens are
+    given). Raises if a replayed output differs from the known one (the replay must be exact)."""
     from vllm_lookahead.acceptance import AcceptanceStats
+    from vllm_lookahead.recycle import TokenRecycler
     from vllm_lookahead.sizing import StepCost, plan_step, score_floor
     from vllm_lookahead.state import LookaheadState
     from vllm_lookahead.suffix import SuffixCandidates
@@ -85,10 +97,12 @@ def replay(
     suffix = (
         SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
     )
+    recycle = TokenRecycler() if params.recycle_candidates else None
     steps = tokens = drafts = 0
     seconds = 0.0
-    for rid, (prompt, output) in enumerate(requests):
-        state = LookaheadState(params, list(prompt), stats=stats, suffix=suffix, req_id=rid)
+    for rid, (prompt, output, *rest) in enumerate(requests):
+        tops = rest[0] if rest else None  # tops[j]: at the row that produced output[j]
+        state = LookaheadState(params, list(prompt), stats=stats, suffix=suffix, req_id=rid, recycle=recycle)
         made = [output[0]]  # the prefill's token
         while len(made) < len(output):
             tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
@@ -102,7 +116,8 @@ def replay(
             ]
             _, new = greedy_verify(tree, argmax)
             new = new[: len(truth)]  # the output ended inside the tree
-            state.update(tree, [max(a, 0) for a in argmax], new)
+            top = None if tops is None else tops[len(made) : len(made) + len(new)]
+            state.update(tree, [max(a, 0) for a in argmax], new, top)
             made.extend(new)
             if rid >= warm:
                 steps += 1

@@ -12,7 +12,7 @@ def test_defaults():
     assert p.pool_from_prompt is True
     assert p.lookahead_seed == 0
     assert p.max_pool_keys == 4096
-    assert p.max_tree_nodes == 8 + 8 + 8 + 16  # window, pool, lookup, suffix
+    assert p.max_tree_nodes == 8 + 8 + 8 + 16 + 16  # window, pool, lookup, suffix, recycling
 
 
 def test_every_field_has_a_range_or_is_a_bool_and_a_meaning():
@@ -114,9 +114,9 @@ def test_from_mapping_validates_values():
 @pytest.mark.parametrize("w, n, g", [(7, 4, 7), (15, 5, 15), (1, 2, 0), (3, 5, 3), (1, 16, 64)])
 def test_max_tree_nodes(w, n, g):
     p = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g)
-    lookup = p.lookup_candidates * p.lookup_len + p.suffix_candidates
+    lookup = p.lookup_candidates * p.lookup_len + p.suffix_candidates + p.recycle_candidates
     assert p.max_tree_nodes == window_slots_max(w, n) + g * (n - 1) + lookup
-    bare = LookaheadParams(w, n, g, lookup_candidates=0, suffix_candidates=0)
+    bare = LookaheadParams(w, n, g, lookup_candidates=0, suffix_candidates=0, recycle_candidates=0)
     assert bare.max_tree_nodes == p.max_tree_nodes - lookup
     steady = 1 + (w * (n - 1) - 1) + g * (n - 1)
     if w >= n - 2:

@@ -214,9 +214,9 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     # the sampled requests were served on trees: more than one token per forward pass for them
     assert stats["sampled_accepted"] > stats_before["sampled_accepted"]
     # every candidate source was in the trees and had nodes accepted (verified exactly: the outputs above)
-    for source in ("lookup", "pool", "suffix", "window"):
+    for source in ("lookup", "pool", "suffix", "window", "recycle"):
         assert stats[f"drafted_{source}"] > stats_before[f"drafted_{source}"], source
-    for source in ("lookup", "suffix"):
+    for source in ("lookup", "suffix", "recycle"):
         assert stats[f"accepted_{source}"] > stats_before[f"accepted_{source}"], source
 
 
@@ -286,6 +286,11 @@ def test_one_forward_pass_per_step(la_llm, batch):
     assert steps < tokens  # fewer passes than tokens: lookahead worked
 
 
+# The engine's token-recycling table holds every earlier request's rows, the oracle's only its own sequence's: the
+# requests compared with the oracle turn the source off for themselves.
+NO_RECYCLING = {"recycle_candidates": 0}
+
+
 def test_steps_match_the_reference_decoder(la_llm, model_path):
     """Same prompts, same (W, N, G, seed): the transformers oracle takes the same number of steps."""
     import torch
@@ -300,11 +305,10 @@ def test_steps_match_the_reference_decoder(la_llm, model_path):
     for prompt in humaneval_prompts(3):
         ids = tok(prompt)["input_ids"]
         params = LookaheadParams.from_mapping({k: v for k, v in LA_CONFIG.items() if k != "method"})
-        ref, ref_stats = lookahead_generate(model, ids, 48, params, eos_token_id=[])
+        ref, ref_stats = lookahead_generate(model, ids, 48, params.for_request(NO_RECYCLING), eos_token_id=[])
         steps_before = la_llm.collective_rpc("lookahead_stats")[0]["steps"]
-        out = la_llm.generate(
-            {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True), use_tqdm=False
-        )
+        sp = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, extra_args={"lookahead": NO_RECYCLING})
+        out = la_llm.generate({"prompt_token_ids": ids}, sp, use_tqdm=False)
         steps = la_llm.collective_rpc("lookahead_stats")[0]["steps"] - steps_before
         assert list(out[0].outputs[0].token_ids) == ref
         # Both count the prefill as one pass and run the same window, pool and tree: same steps, unless an argmax
@@ -333,8 +337,16 @@ def test_preemption_drops_and_rebuilds_state(model_path, batch, plain_outputs):
     assert stats["live_states"] == 0
 
 
-# A request's own settings: a 1-column window of bigrams, one pool candidate, no lookup or suffix candidates.
-OWN_SETTINGS = {"window_size": 1, "ngram_size": 2, "guess_set_size": 1, "lookup_candidates": 0, "suffix_candidates": 0}
+# A request's own settings: a 1-column window of bigrams, one pool candidate, no lookup, suffix or recycled
+# candidates.
+OWN_SETTINGS = {
+    "window_size": 1,
+    "ngram_size": 2,
+    "guess_set_size": 1,
+    "lookup_candidates": 0,
+    "suffix_candidates": 0,
+    **NO_RECYCLING,
+}
 
 
 def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_path):
@@ -366,7 +378,7 @@ def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_pat
         assert abs(after["steps"] - before["steps"] - ref_stats["steps"]) <= 2, (after["steps"], ref_stats["steps"])
         # The settings made a difference the oracle sees too, and the sources turned off drafted nothing.
         assert ref_stats["steps"] != server_stats["steps"]
-        for source in ("lookup", "suffix"):
+        for source in ("lookup", "suffix", "recycle"):
             assert after[f"drafted_{source}"] == before[f"drafted_{source}"], source
         # Its trees were its own size: at most own.max_tree_nodes nodes a step.
         drafted = sum(after[k] - before[k] for k in after if k.startswith("drafted_"))

@@ -29,8 +29,9 @@ def test_defaults_derive_num_speculative_tokens():
     assert cfg.method == "lookahead"
     assert cfg.num_speculative_tokens == params.max_tree_nodes - 1
     cfg = _sc(method="lookahead", window_size=4, ngram_size=3, guess_set_size=2, pool_from_prompt=False)
-    # x0 + window (4 columns of 2 rows, less the first cell) + pool 2x2 + 1 lookup of 8 + 16 suffix nodes, less x0.
-    assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 + 1 * 8 + 16 - 1
+    # x0 + window (4 columns of 2 rows, less the first cell) + pool 2x2 + 1 lookup of 8 + 16 suffix nodes + 16
+    # recycled nodes, less x0.
+    assert cfg.num_speculative_tokens == 1 + (4 * 2 - 1) + 2 * 2 + 1 * 8 + 16 + 16 - 1
     assert cfg.window_size == 4 and cfg.pool_from_prompt is False
 
 
@@ -46,9 +47,10 @@ def test_shorthand_model_selects_lookahead():
         ({"guess_set_size": -1}, r"guess_set_size must be an integer in \[0, 64\]"),
         ({"pool_from_prompt": "yes"}, r"pool_from_prompt must be a bool"),
         ({"window_size": 2.5}, r"window_size must be an integer"),
-        ({"num_speculative_tokens": 3}, r"num_speculative_tokens must be in \[39, 128\] .* \(got 3\)"),
-        ({"num_speculative_tokens": 129}, r"num_speculative_tokens must be in \[39, 128\]"),
+        ({"num_speculative_tokens": 3}, r"num_speculative_tokens must be in \[55, 128\] .* \(got 3\)"),
+        ({"num_speculative_tokens": 129}, r"num_speculative_tokens must be in \[55, 128\]"),
         ({"suffix_candidates": 65}, r"suffix_candidates must be an integer in \[0, 64\]"),
+        ({"recycle_candidates": -1}, r"recycle_candidates must be an integer in \[0, 64\]"),
         ({"node_cost": -1}, r"node_cost must be null or a number in \[0.0, 10.0\]"),
         ({"lookahead_seed": -1}, r"lookahead_seed must be an integer in \[0, "),
         ({"window_size": 20, "ngram_size": 8}, r"more than vLLM's limit of 128"),
@@ -80,7 +82,14 @@ def test_tree_limit_is_vllms_own():
     from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
 
     # A tree of exactly vLLM's limit (9 window and pool drafts + 7 lookups of 17 tokens), then one over it.
-    shape = {"window_size": 4, "ngram_size": 3, "guess_set_size": 1, "lookup_candidates": 7, "suffix_candidates": 0}
+    shape = {
+        "window_size": 4,
+        "ngram_size": 3,
+        "guess_set_size": 1,
+        "lookup_candidates": 7,
+        "suffix_candidates": 0,
+        "recycle_candidates": 0,
+    }
     assert MAX_SPEC_LEN == 128
     assert _sc(method="lookahead", lookup_len=17, **shape).num_speculative_tokens == MAX_SPEC_LEN
     with pytest.raises(Exception, match=f"135 draft tokens, more than vLLM's limit of {MAX_SPEC_LEN}"):

@@ -53,11 +53,14 @@ def test_greedy_equals_generate_and_compresses(hf, cases):
 def test_other_shapes_and_truncated_trees_stay_exact(hf, cases, w, n, g, max_nodes):
     model, _ = hf
     ids, ref = cases[0]
-    params = LookaheadParams(window_size=w, ngram_size=n, guess_set_size=g, lookup_candidates=0, suffix_candidates=0)
+    params = LookaheadParams(
+        window_size=w, ngram_size=n, guess_set_size=g, lookup_candidates=0, suffix_candidates=0, recycle_candidates=0
+    )
     new, stats = lookahead_generate(model, ids, MAX_NEW, params, max_nodes=max_nodes)
     assert new == ref
     if g == 0 and w == 1:
-        # A window of one column on a 2-gram holds only x0 and there is no pool, lookup or suffix: plain decoding.
+        # A window of one column on a 2-gram holds only x0 and there is no pool, lookup, suffix or recycling: plain
+        # decoding.
         assert stats["steps"] == len(new)
 
 

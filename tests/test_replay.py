@@ -32,3 +32,27 @@ def test_a_replay_that_does_not_match_its_output_is_refused(monkeypatch):
     monkeypatch.setattr(verify, "greedy_verify", wrong)
     with pytest.raises(AssertionError, match="differs"):
         replay([(PERIOD[:6], (PERIOD * 3)[6:30])], LookaheadParams(suffix_candidates=0), 0.035, 0.001)
+
+
+def test_replay_feeds_token_recycling_the_top_tokens_it_is_given():
+    # every source but token recycling off (a 1-column window of bigrams holds only x0)
+    params = LookaheadParams(
+        window_size=1,
+        ngram_size=2,
+        guess_set_size=0,
+        pool_from_output=False,
+        pool_from_prompt=False,
+        lookup_candidates=0,
+        suffix_candidates=0,
+        recycle_candidates=8,
+    )
+    output = (PERIOD * 8)[6:100]
+    prompt = PERIOD[:6]
+    seq = prompt + output
+    # the target's top tokens at the row that produced output[j]: the right one first, then two others
+    tops = [[output[j], 50 + j % 7, 60] for j in range(len(output))]
+    assert seq[len(prompt) :] == output
+    with_tops = replay([(prompt, output, tops)], params, fixed=0.035, per_token=0.0001)[0]
+    without = replay([(prompt, output)], params, fixed=0.035, per_token=0.0001)[0]
+    assert without == pytest.approx(1.0)
+    assert with_tops > 1.3  # (PERIOD repeats tokens with other successors: the table holds the last)

@@ -12,7 +12,7 @@ from vllm_lookahead.config import LookaheadParams
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "vllm_lookahead"
-CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup", "suffix", "acceptance", "sizing"}
+CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup", "suffix", "recycle", "acceptance", "sizing"}
 GLUE = {
     "cpu_kv_cache",
     "tree_attention",

@@ -41,6 +41,7 @@ PRIOR_RATE = {
     Source.WINDOW: 0.05,
     Source.SHARED: 0.2,
     Source.LOOKUP_SHORT: 0.2,
+    Source.RECYCLE: 1.0,  # its estimates are the rank's measured rate
 }
 # What the window yields: accepted nodes of these sources.
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)
@@ -89,17 +90,22 @@ class AcceptanceStats:
         """Hindsight over a whole tree: `following` are the sequence's tokens after the tree's root x0 (as many as
         are known). A node counts as tried where the sequence went through its parent and its own position is
         known, and as accepted where the sequence went through it."""
-        on, _ = tree.follow(following)
-        self._observe_nodes(tree, on, len(following))
+        self.observe_followed(tree, tree.follow(following)[0], len(following))
+
+    def observe_followed(self, tree: StepTree, on: set[int], known: int) -> None:
+        """`observe_continuation` given `tree.follow`'s nodes for the `known` tokens that followed the root."""
+        self._observe_nodes(tree, on, known)
 
     def _observe_nodes(self, tree: StepTree, taken: set[int], known: int | None) -> None:
         self._weight /= DECAY
         if self._weight > 1e6:
             self._rescale()
         w = self._weight
-        parents, sources, depths, estimates = tree.parents, tree.sources, tree.depths, tree.estimates
-        for u in range(1, tree.num_nodes):
-            if parents[u] in taken and (known is None or depths[u] <= known):
+        sources, depths, estimates = tree.sources, tree.depths, tree.estimates
+        for v in taken:  # the children of the nodes the sequence went through are the nodes it tried
+            if known is not None and depths[v] >= known:
+                continue  # their position is not known yet
+            for u in tree.children(v):
                 s, d = sources[u], min(depths[u], MAX_DEPTH)
                 self._expected[s][d] += w * estimates[u]
                 if u in taken:

@@ -26,6 +26,7 @@ REQUEST_KEYS = (
     "lookup_candidates",
     "lookup_len",
     "suffix_candidates",
+    "recycle_candidates",
     "pool_from_prompt",
     "pool_from_output",
     "lookahead_seed",
@@ -76,6 +77,13 @@ class LookaheadParams:
         64,
         "most suffix-tree nodes (continuations of the context in the prompt, the output and earlier requests' "
         "outputs) added to the tree; 0 turns the source off (it is off without arctic_inference)",
+    )
+    recycle_candidates: int = _key(
+        16,
+        0,
+        64,
+        "most token-recycling nodes (the target's own top tokens after each token, kept from earlier steps) added "
+        "to the tree; 0 turns the source off",
     )
     suffix_depth: int = _key(24, 1, 64, "suffix-tree depth: longest context matched and longest continuation")
     suffix_cache_requests: int = _key(
@@ -165,6 +173,7 @@ class LookaheadParams:
             + self.guess_set_size * (self.ngram_size - 1) * (2 if self.shared_pool_keys else 1)
             + self.lookup_candidates * self.lookup_len
             + self.suffix_candidates
+            + self.recycle_candidates
         )
 
 

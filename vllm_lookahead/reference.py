@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.recycle import TokenRecycler
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.suffix import SuffixCandidates
 from vllm_lookahead.tree import StepTree
@@ -84,7 +85,9 @@ def lookahead_generate(
     accepted_total = 0
     # Suffix trees over this sequence only (an engine's also hold earlier requests' outputs).
     suffix = SuffixCandidates.create(params.suffix_depth, 0) if params.suffix_candidates else None
-    state = LookaheadState(params, prompt, suffix=suffix)
+    # Token recycling over this sequence's rows only (an engine's table also holds earlier requests' rows).
+    recycle = TokenRecycler() if params.recycle_candidates else None
+    state = LookaheadState(params, prompt, suffix=suffix, recycle=recycle)
     prefix_len = len(prompt)
 
     while len(new_tokens) < max_new_tokens and new_tokens[-1] not in eos:
@@ -108,7 +111,10 @@ def lookahead_generate(
             accepted_nodes, tokens = greedy_verify(tree, argmax)
         _keep_kv(cache, prefix_len, [0, *accepted_nodes])
         prefix_len += 1 + len(accepted_nodes)
-        state.update(tree, argmax, tokens)
+        top = None
+        if recycle is not None:  # the target's top tokens at x0 and the accepted nodes: what recycling learns
+            top = logits[[0, *accepted_nodes]].topk(recycle.top_k, dim=-1).indices.tolist()
+        state.update(tree, argmax, tokens, top)
         accepted_total += len(tokens) - 1
         new_tokens.extend(tokens)
     state.close()

@@ -23,6 +23,7 @@ from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.lookup import LookupIndex
 from vllm_lookahead.pool import NGramPool
+from vllm_lookahead.recycle import TokenRecycler
 from vllm_lookahead.suffix import SuffixCandidates
 from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
 from vllm_lookahead.window import JacobiWindow
@@ -49,6 +50,7 @@ class LookaheadState:
         "unscored",
         "following",
         "following_from",
+        "recycle",
     )
 
     def __init__(
@@ -60,14 +62,16 @@ class LookaheadState:
         suffix: SuffixCandidates | None = None,
         req_id: Hashable = 0,
         shared: NGramPool | None = None,
+        recycle: TokenRecycler | None = None,
     ) -> None:
-        """`stats`, `suffix` and `shared` (the pool shared by all requests) are shared by an engine's sequences
-        (fresh stats when not given; no suffix source or shared pool when None); `req_id` names this sequence in
-        `suffix`."""
+        """`stats`, `suffix`, `shared` (the pool shared by all requests) and `recycle` (the target's top tokens
+        after each token) are shared by an engine's sequences (fresh stats when not given; no such source when
+        None); `req_id` names this sequence in `suffix`."""
         self.params = params
         self.merge = merge
         self.stats = stats if stats is not None else AcceptanceStats()
         self.suffix = suffix if params.suffix_candidates else None
+        self.recycle = recycle if params.recycle_candidates else None
         self.req_id = req_id
         # A request with its own n-gram size cannot share n-grams of the server's size.
         same_n = shared is not None and shared.ngram_size == params.ngram_size
@@ -131,6 +135,10 @@ class LookaheadState:
         if self.suffix is not None and worth(Source.SUFFIX, p.suffix_candidates):
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
                 add(c.tokens, Source.SUFFIX, c.estimates)
+        if self.recycle is not None and worth(Source.RECYCLE, p.recycle_candidates):
+            scale = max(stats.factor(Source.RECYCLE, d) for d in range(1, p.recycle_candidates + 1))
+            for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):
+                add(tokens, Source.RECYCLE, estimates)
         window = self.window if min_score <= 0 or stats.window_value > min_score else None
         tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
@@ -144,9 +152,16 @@ class LookaheadState:
             self.unscored.append((tree, self.seen))
         return tree
 
-    def update(self, tree: StepTree, argmax_per_node: Sequence[int], accepted_tokens: Sequence[int]) -> None:
+    def update(
+        self,
+        tree: StepTree,
+        argmax_per_node: Sequence[int],
+        accepted_tokens: Sequence[int],
+        top: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         """Advance the window one position, feed its n-grams to the pool, learn the accepted tokens, and set x0 to
-        the last new token.
+        the last new token. `top`: the target's top tokens at x0 and at each accepted node, best first (what token
+        recycling learns; None: it learns nothing this step).
 
         Only the argmax at the window's last-row nodes is read. A slot cut off by max_nodes has no output:
         the window keeps its old guess for that position instead (see JacobiWindow.step) and its column
@@ -160,6 +175,8 @@ class LookaheadState:
             for u in tree.window_output_nodes(window.fill, window.num_cols)
         ]
         x0_new = int(accepted_tokens[-1])
+        if self.recycle is not None and top is not None:
+            self.recycle.observe([tree.tokens[0], *accepted_tokens[:-1]], top, accepted_tokens)
         found = window.step(x0_new, outputs)
         self.pool.add_many(found, by_window=True)
         if self.shared is not None:
@@ -191,8 +208,9 @@ class LookaheadState:
         left = []
         for tree, start in self.unscored:
             after = following[start - base :]
-            if tree.follow(after)[1]:
-                self.stats.observe_continuation(tree, after)
+            on, decided = tree.follow(after)
+            if decided:
+                self.stats.observe_followed(tree, on, len(after))
             else:
                 left.append((tree, start))
         self.unscored = left

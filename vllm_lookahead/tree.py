@@ -40,6 +40,7 @@ class Source(IntEnum):
     # prompt lookup on a shorter match than the index keeps (the last 1-2 tokens): far less often right (measured
     # on HumanEval, the first token 0.28 and 0.51 for 1 and 2 matched tokens, against 0.89 for 3), so scored apart
     LOOKUP_SHORT = 7
+    RECYCLE = 8  # token recycling: the target's own top-k after each token, from earlier steps (recycle.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,90 @@
+"""Token recycling: the table of the target's top tokens, its rank estimates, and its nodes in the state's tree."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.recycle import TokenRecycler
+from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.tree import Source
+from vllm_lookahead.verify import greedy_verify
+
+
+def test_candidates_follow_the_table_best_ranks_first():
+    r = TokenRecycler(top_k=3)
+    # after 1 came 2 (the model's best), 5 and 6; after 2: 3, 7, 8; after 3: 4, 9, 10
+    r.observe([1, 2, 3], [[2, 5, 6], [3, 7, 8], [4, 9, 10]], [2, 3, 4])
+    est = r.rank_estimates()
+    assert est[0] > est[1] > est[2] > 0
+    paths = r.candidates(1, 3)
+    nodes = {tuple(p[: i + 1]) for p, _ in paths for i in range(len(p))}
+    assert len(nodes) == 3
+    assert (2,) in nodes and (2, 3) in nodes  # the chain of best guesses goes deepest
+    for tokens, estimates in paths:
+        assert len(tokens) == len(estimates)
+    assert r.candidates(1, 0) == []
+    assert r.candidates(99, 5) == []  # nothing known after 99
+
+
+def test_rank_estimates_learn_where_the_next_token_was():
+    r = TokenRecycler(top_k=4)
+    r.observe([1], [[2, 3, 4, 5]], [2])
+    before = r.rank_estimates()
+    for _ in range(50):  # each time token 1 came, it was followed by its entry's second token
+        r.observe([1], [[2, 3, 4, 5]], [3])
+    after = r.rank_estimates()
+    assert after[1] > before[1] and after[1] > after[0]
+    assert sum(after) <= 1.0 + 1e-9
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 20), st.lists(st.integers(0, 20), min_size=1, max_size=4, unique=True)),
+    st.integers(0, 20),
+    st.integers(0, 30),
+)
+def test_candidates_stay_within_their_cap_and_the_table(table, x0, cap):
+    r = TokenRecycler(top_k=4)
+    for tok, row in table.items():
+        r.observe([tok], [row], [row[0]])
+    paths = r.candidates(x0, cap)
+    nodes = {tuple(p[: i + 1]) for p, _ in paths for i in range(len(p))}
+    assert len(nodes) <= cap
+    for p, _ in paths:  # every step of a path is a guess the table holds for the token before it
+        prev = x0
+        for t in p:
+            assert t in table[prev]
+            prev = t
+
+
+def test_recycled_nodes_hang_in_the_state_tree_and_verify_exactly():
+    params = LookaheadParams(lookup_candidates=0, suffix_candidates=0, guess_set_size=0, recycle_candidates=8)
+    recycle = TokenRecycler()
+    state = LookaheadState(params, [5, 6, 7], recycle=recycle)
+    tree = state.build_tree(7)
+    assert Source.RECYCLE not in tree.sources  # nothing recycled yet
+    # the target's argmax at x0=7 was 8 and its top tokens there [8, 9]; at 8: [10, 11]
+    argmax = [8] + [0] * (tree.num_nodes - 1)
+    _, tokens = greedy_verify(tree, argmax)
+    state.update(tree, argmax, tokens, [[8, 9]])
+    assert recycle.table[7] == (8, 9)
+    recycle.observe([8], [[10, 11]], [10])
+    tree = state.build_tree(8)
+    recycled = [tree.tokens[u] for u in range(1, tree.num_nodes) if tree.sources[u] == Source.RECYCLE]
+    assert 10 in recycled
+    # verification of a recycled node is the plain greedy rule: accepted where the target's argmax says so
+    argmax = [10] + [0] * (tree.num_nodes - 1)
+    for u in range(1, tree.num_nodes):
+        if tree.tokens[u] == 10 and tree.depths[u] == 1:
+            argmax[u] = 12
+    accepted, tokens = greedy_verify(tree, argmax)
+    assert tokens[:2] == [10, 12]
+    assert tree.sources[accepted[0]] == Source.RECYCLE
+
+
+def test_off_by_key_or_without_a_table():
+    off = LookaheadState(LookaheadParams(recycle_candidates=0), [1, 2], recycle=TokenRecycler())
+    assert off.recycle is None
+    assert LookaheadState(LookaheadParams(), [1, 2]).recycle is None
