@@ -37,8 +37,9 @@ class Source(IntEnum):
     SUFFIX = 4  # suffix trees over the prompt, the output and earlier requests' outputs
     WINDOW = 5  # a Jacobi window slot
     SHARED = 6  # the n-gram pool shared by all requests (what earlier requests saw and found)
-    # prompt lookup on a shorter match than the index keeps (the last 1-2 tokens): far less often right (measured
-    # on HumanEval, the first token 0.28 and 0.51 for 1 and 2 matched tokens, against 0.89 for 3), so scored apart
+    # prompt lookup on a shorter match than the index keeps (the last 1-2 tokens): far less often right, so scored
+    # apart (`benchmarks/tree_calibration.py --no-floor`, HumanEval, float32, at 973cdec: first tokens accepted 0.13
+    # against 0.88 for the longest match)
     LOOKUP_SHORT = 7
     RECYCLE = 8  # token recycling: the target's own top-k after each token, from earlier steps (recycle.py)
 
@@ -240,8 +241,7 @@ def build_step_tree(
     score `window_score` (never more than their parent). A candidate's node is scored as its parent's score times
     the candidate's conditional estimate there (its score over its previous token's); a node shared by several
     candidates keeps the highest conditional and that candidate's source. So a node under a parent that another
-    candidate made likelier scores as likely as that parent allows (measured: lookup nodes at depth 2-3 below
-    merged parents were accepted at 0.70-0.87 while their own paths scored them 0.47-0.65).
+    candidate made likelier scores as likely as that parent allows, not as its own path's lower scores would say.
 
     merge=True shares nodes between identical root paths (a trie); merge=False keeps each candidate's chain
     and the window separate (the paper's layout) but they still share the root. The window's own slots
