@@ -135,7 +135,7 @@ class LookaheadState:
         if self.suffix is not None and worth(Source.SUFFIX, p.suffix_candidates):
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
                 add(c.tokens, Source.SUFFIX, c.estimates)
-        if self.recycle is not None and worth(Source.RECYCLE, p.recycle_candidates):
+        if self.recycle is not None:  # its own floor test stands for worth(): no guess clears it, nothing drafted
             scale = max(stats.factor(Source.RECYCLE, d) for d in range(1, p.recycle_candidates + 1))
             for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):
                 add(tokens, Source.RECYCLE, estimates)
