@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="prompt-lookup candidates per step (default 0: the paper's window + pool only)",
     )
+    p.add_argument(
+        "--recycle-candidates",
+        type=int,
+        default=0,
+        help="token-recycling nodes per step (default 0: the paper's window + pool only)",
+    )
     p.add_argument("--num-prompts", type=int, default=3, help="first n prompts of the dataset")
     p.add_argument("--dataset", choices=("humaneval", "sharegpt"), default="humaneval", help="sharegpt: chat template")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (greedy)")
@@ -136,10 +142,24 @@ def first_difference(a: list[int], b: list[int]) -> int:
     return min(len(a), len(b))
 
 
+def sweep_params(args: argparse.Namespace, w: int, n: int, g: int) -> Any:
+    """One configuration's LookaheadParams: the window and pool as swept, the other sources as the options say
+    (each off by default, so that the sweep measures the paper's method and its baseline is plain decoding)."""
+    from vllm_lookahead.config import LookaheadParams
+
+    return LookaheadParams(
+        window_size=w,
+        ngram_size=n,
+        guess_set_size=g,
+        lookup_candidates=args.lookup_candidates,
+        suffix_candidates=args.suffix_candidates,
+        recycle_candidates=args.recycle_candidates,
+    )
+
+
 def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from vllm_lookahead.config import LookaheadParams
     from vllm_lookahead.reference import lookahead_generate
 
     counter = NodeCounter()
@@ -158,14 +178,7 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
             for i, ids in enumerate(prompt_ids):
                 bar.set_postfix_str(f"{cfg['label']} G={g} prompt {i}")
                 counter.lengths.clear()
-                params = LookaheadParams(
-                    window_size=w,
-                    ngram_size=n,
-                    guess_set_size=g,
-                    lookup_candidates=args.lookup_candidates,
-                    suffix_candidates=args.suffix_candidates,
-                )
-                out, stats = lookahead_generate(model, ids, args.max_new_tokens, params)
+                out, stats = lookahead_generate(model, ids, args.max_new_tokens, sweep_params(args, w, n, g))
                 steps += stats["steps"]
                 tokens += stats["tokens"]
                 step_nodes += sum(counter.lengths[1:])  # the prefill is not a tree step
@@ -184,13 +197,7 @@ def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace)
                         {"prompt": i, "first_diff": at, "len": len(out), "baseline_len": len(baseline_tokens[i])}
                     )
                 bar.update(1)
-            nodes = (
-                1
-                if cfg["label"] == "baseline"
-                else LookaheadParams(
-                    w, n, g, lookup_candidates=args.lookup_candidates, suffix_candidates=args.suffix_candidates
-                ).max_tree_nodes
-            )
+            nodes = 1 if cfg["label"] == "baseline" else sweep_params(args, w, n, g).max_tree_nodes
             series, point = series_of(args, cfg) if cfg["label"] != "baseline" else ("baseline", "W=1 G=0")
             rows.append(
                 {

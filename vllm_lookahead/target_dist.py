@@ -6,7 +6,7 @@ argmax-invariant logits processors (min-p, built in), then `TopKTopPSampler`: to
 those steps on one tree node's row, with the request's values read from vLLM's own `SamplingMetadata` (and its
 min-p processor) and vLLM's own `TopKTopPSampler`, so a seeded request consumes its generator exactly as plain
 decoding does: one draw per generated token. Requests whose distribution needs anything else (penalties, logit bias,
-bad words, allowed tokens, logprobs) are not drafted for (eligibility.py).
+bad words, allowed tokens, logprobs in a processed logprobs_mode) are not drafted for (eligibility.py).
 """
 
 from __future__ import annotations

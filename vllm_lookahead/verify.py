@@ -1,7 +1,7 @@
 """Verification of a step tree: greedy (exact match), sampling by the target's own draws (the path of the tokens
 the target samples), and sampling by multi-candidate rejection.
 
-Both return (accepted_nodes, tokens): accepted_nodes are the tree nodes taken, root excluded, in depth order;
+All three return (accepted_nodes, tokens): accepted_nodes are the tree nodes taken, root excluded, in depth order;
 tokens are their tokens plus one more token from the target (the bonus / correction), so 1..depth+1 tokens.
 """
 
