@@ -9,9 +9,9 @@ Step protocol (glue and reference decoder):
     x0 = tokens[-1]  # == state.x0
     state.close()                                      # the sequence ended
 
-The tree holds the prompt-lookup, pool, shared-pool, suffix-tree and token-recycling candidates and the Jacobi window, every node scored by the
-shared `AcceptanceStats` (the estimated probability that it is accepted) and ordered best first, so that cutting
-the tree to k nodes keeps its k best.
+The tree holds the prompt-lookup, pool, shared-pool, suffix-tree and token-recycling candidates and the Jacobi
+window, every node scored by the shared `AcceptanceStats` (the estimated probability that it is accepted) and ordered
+best first, so that cutting the tree to k nodes keeps its k best.
 """
 
 from __future__ import annotations
