@@ -10,7 +10,9 @@ lookahead settings and opted-out ones, streams the client drops after a few chun
 that run into `--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
 worker's live lookahead states. At the end it waits for the server to go idle and reports: requests served per
 kind, errors (anything but a 200 with a complete answer, aborts aside), lookahead states alive at the end, and the
-engine's RSS after warm-up and at the end. The same mix then runs on plain decoding (unless `--no-baseline`): vLLM's
+engine's RSS after warm-up and at the end. Before its clients start, each engine prefills prompts of more distinct
+lengths than vLLM's per-layer cache of step sizes holds (`CACHE_FILL_LENGTHS`), so that the growth measured is not
+that bounded cache filling up. The same mix then runs on plain decoding (unless `--no-baseline`): vLLM's
 engine grows under this mix by itself (about 1 MiB/s here, plain decoding as much as lookahead), so the bound is on
 lookahead's growth beyond plain decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with
 `--json`, the reports. Exits 1 if errors > 0, live states at the end > 0 or lookahead's RSS grew by more than
@@ -49,6 +51,12 @@ KINDS = (
 )
 ABORT_AFTER_CHUNKS = 3
 BLOCK_SIZE = 128
+# vLLM's CPU linear layers keep a oneDNN primitive per distinct number of rows a step computes, up to 128 per layer
+# (`primitive_cache_size`), about 1.5 MiB each for the default model: an engine's RSS grows with every new step size
+# until that cache is full, then stays level (`benchmarks/rss_by_step_size.py`). Lookahead's steps come in more sizes
+# and reach the ceiling sooner. So that the soak measures growth beyond that bounded cache, each engine first
+# prefills one prompt of every length here (more sizes than the cache holds), before its clients start.
+CACHE_FILL_LENGTHS = range(2, 2 + 160)
 
 
 @dataclass
@@ -263,6 +271,21 @@ class Client:
             return f"{kind}: stream ended without [DONE]"
 
 
+def fill_step_size_cache(base: str, model: str) -> None:
+    """One prefill of each of CACHE_FILL_LENGTHS, one at a time (each its own step of that many tokens); every prompt
+    starts with its own token, so that no prefix-cache hit shortens it."""
+    import requests
+    from tqdm import tqdm
+
+    for n in tqdm(CACHE_FILL_LENGTHS, desc="filling vLLM's step-size cache", unit="prefill"):
+        ids = [100 + (n * 7919 + j * 104729) % 30000 for j in range(n)]
+        requests.post(
+            f"{base}/v1/completions",
+            json={"model": model, "prompt": ids, "max_tokens": 1, "vllm_xargs": {"lookahead": False}},
+            timeout=120,
+        ).raise_for_status()
+
+
 def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     import requests
     from tqdm import tqdm
@@ -282,6 +305,7 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     proc, base = start_server(args, config, log_path)
     try:
         model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
+        fill_step_size_cache(base, model)
         served: Counter[str] = Counter()
         lock = threading.Lock()
         start = time.monotonic()
