@@ -77,3 +77,23 @@ def test_missing_library_turns_the_source_off_once(monkeypatch, caplog):
     # a state without the source still builds trees
     tree = LookaheadState(LookaheadParams(), [1, 2, 3, 1, 2], suffix=None).build_tree(3)
     assert tree.num_nodes > 1
+
+
+def test_a_speculation_on_a_short_match_is_scored_apart():
+    pytest.importorskip("arctic_inference")
+    sc = SuffixCandidates(max_depth=16, max_cached_requests=0)
+    sc.start("a", [1, 2, 3, 4, 5, 6, 7, 50, 60, 2, 8, 9])
+    # the context's last 3 tokens occur in the prompt: a long match (the library matches at most all but one of the
+    # context's tokens)
+    long = sc.candidates("a", [0, 1, 2, 3], 4)
+    assert long and list(long[0].tokens[:2]) == [4, 5]
+    assert {c.source for c in long} == {Source.SUFFIX}
+    # only the last token (2) occurs: what followed it is a guess from one token of context
+    short = sc.candidates("a", [70, 71, 72, 2], 4)
+    assert short and {c.source for c in short} == {Source.SUFFIX_SHORT}
+    assert {c.tokens[0] for c in short} <= {3, 8}
+    # before anything was learned, a short match's estimate counts for less
+    from vllm_lookahead.acceptance import AcceptanceStats
+
+    stats = AcceptanceStats()
+    assert stats.factor(Source.SUFFIX_SHORT, 1) < stats.factor(Source.SUFFIX, 1)

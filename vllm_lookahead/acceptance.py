@@ -42,6 +42,7 @@ PRIOR_RATE = {
     Source.SHARED: 0.2,
     Source.LOOKUP_SHORT: 0.2,
     Source.RECYCLE: 1.0,  # its estimates are the rank's measured rate
+    Source.SUFFIX_SHORT: 0.5,  # about half the library's estimate (suffix.SHORT_MATCH)
 }
 # What the window yields: accepted nodes of these sources.
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)

@@ -132,9 +132,11 @@ class LookaheadState:
         if self.shared is not None and worth(Source.SHARED, n1):
             for value in self.shared.get(x0)[: p.guess_set_size]:
                 add(value, Source.SHARED)
-        if self.suffix is not None and worth(Source.SUFFIX, p.suffix_candidates):
+        if self.suffix is not None and (
+            worth(Source.SUFFIX, p.suffix_candidates) or worth(Source.SUFFIX_SHORT, p.suffix_candidates)
+        ):
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
-                add(c.tokens, Source.SUFFIX, c.estimates)
+                add(c.tokens, c.source, c.estimates)
         if self.recycle is not None:  # its own floor test stands for worth(): no guess clears it, nothing drafted
             scale = max(stats.factor(Source.RECYCLE, d) for d in range(1, p.recycle_candidates + 1))
             for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):

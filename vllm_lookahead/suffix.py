@@ -23,6 +23,14 @@ _said_missing = False
 # HumanEval and 1.66 -> 1.69 on ShareGPT for F = 1 -> 2, at 2.9% / 0.2% more tokens per modelled second; 3 and 4
 # drafted more nodes for no more.
 SPEC_FACTOR = 2.0
+# A speculation matched on at most this many context tokens is Source.SUFFIX_SHORT, learned apart: the library's
+# estimates there come from the counts after one or two tokens of context and run high, those of long matches run
+# low, and one factor per depth over both mixed them. `benchmarks/replay_trees.py --fixed 0.05 --per-token 0.003`:
+# 5.6 instead of 6.0 draft nodes a step on HumanEval and 3.3 instead of 3.5 on ShareGPT for 2.81 / 1.66 tokens a step
+# instead of 2.83 / 1.67 (+1.0% / +0.4% tokens per modelled second; a limit of 1-6 tokens gave the same).
+# `benchmarks/tree_calibration.py` (float32, 10 prompts) then has first tokens accepted 0.72 / 0.22 (HumanEval /
+# ShareGPT) where scored 0.73 / 0.34 on long matches, 0.30 / 0.21 where scored 0.25 / 0.22 on short ones.
+SHORT_MATCH = 2
 
 
 class SuffixCandidates:
@@ -83,11 +91,15 @@ class SuffixCandidates:
             min_token_prob=self.min_prob,
             use_tree_spec=True,
         )
-        return tree_to_paths(draft.token_ids, draft.parents, draft.probs)
+        source = Source.SUFFIX if draft.match_len > SHORT_MATCH else Source.SUFFIX_SHORT
+        return tree_to_paths(draft.token_ids, draft.parents, draft.probs, source)
 
 
-def tree_to_paths(tokens: Sequence[int], parents: Sequence[int], probs: Sequence[float]) -> list[Candidate]:
-    """A speculation tree (parents[i] < i, -1 under the root) as the root paths to its leaves, best leaf first."""
+def tree_to_paths(
+    tokens: Sequence[int], parents: Sequence[int], probs: Sequence[float], source: Source = Source.SUFFIX
+) -> list[Candidate]:
+    """A speculation tree (parents[i] < i, -1 under the root) as the root paths to its leaves, best leaf first,
+    each from `source`."""
     n = len(tokens)
     is_parent = [False] * n
     for p in parents:
@@ -104,5 +116,5 @@ def tree_to_paths(tokens: Sequence[int], parents: Sequence[int], probs: Sequence
         # The library's path probabilities, and from them its conditional estimate per token.
         path = [float(probs[u]) for u in chain]
         conds = [min(1.0, p / q) if q > 0 else 0.0 for p, q in zip(path, [1.0, *path[:-1]], strict=True)]
-        paths.append(Candidate([int(tokens[u]) for u in chain], path, Source.SUFFIX, conds))
+        paths.append(Candidate([int(tokens[u]) for u in chain], path, source, conds))
     return paths

@@ -42,6 +42,9 @@ class Source(IntEnum):
     # against 0.88 for the longest match)
     LOOKUP_SHORT = 7
     RECYCLE = 8  # token recycling: the target's own top-k after each token, from earlier steps (recycle.py)
+    # a suffix-tree speculation matched on the context's last 1-2 tokens only: the library's estimates run high
+    # there and low on long matches, so scored apart (suffix.SHORT_MATCH)
+    SUFFIX_SHORT = 9
 
 
 @dataclass(frozen=True)
