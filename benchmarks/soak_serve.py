@@ -69,6 +69,8 @@ class Report:
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     live_states_end: int = -1
+    # the engine's shared suffix trees at the end (the library's estimate, MiB; None without them): part of the growth
+    suffix_cache_mib_end: float | None = None
     rss_mb_warm: float = 0.0
     rss_mb_end: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)  # time, rss_mb, live_states, served
@@ -194,12 +196,17 @@ def engine_rss_mb(proc: subprocess.Popen) -> float:
     return max(rss, default=0) / 2**20  # the engine core is by far the largest child
 
 
-def live_states(base: str) -> int:
+def worker_stats(base: str) -> list[dict[str, Any]]:
+    """Each worker's `lookahead_stats` (none without lookahead)."""
     import requests
 
     r = requests.post(f"{base}/collective_rpc", json={"method": "lookahead_stats"}, timeout=60)
     r.raise_for_status()
-    return int(sum(s["live_states"] for s in r.json()["results"] if s))
+    return [s for s in r.json()["results"] if s]
+
+
+def live_states(base: str) -> int:
+    return int(sum(s["live_states"] for s in worker_stats(base)))
 
 
 class Client:
@@ -361,6 +368,8 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
         while (states := live_states(base)) and time.monotonic() < deadline:
             time.sleep(0.5)
         report.live_states_end = states
+        sizes = [st["suffix_cache_mib"] for st in worker_stats(base) if st.get("suffix_cache_mib") is not None]
+        report.suffix_cache_mib_end = max(sizes) if sizes else None
         report.rss_mb_end = engine_rss_mb(proc)
         if not report.rss_mb_warm:
             report.rss_mb_warm = report.samples[0]["rss_mb"] if report.samples else report.rss_mb_end
@@ -368,6 +377,10 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     finally:
         stop_server(proc)
     return report
+
+
+def _mib(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f}"
 
 
 def table(la: Report, plain: Report | None, bound_mb: float) -> str:
@@ -379,6 +392,7 @@ def table(la: Report, plain: Report | None, bound_mb: float) -> str:
         ("deliberate aborts", [str(r.aborted) for _, r in runs]),
         ("errors", [str(r.errors) for _, r in runs]),
         ("lookahead states alive at the end", [str(la.live_states_end)] + ["n/a"] * (len(runs) - 1)),
+        ("shared suffix trees at the end (MiB, library's estimate)", [_mib(r.suffix_cache_mib_end) for _, r in runs]),
         ("engine RSS after warm-up (MiB)", [f"{r.rss_mb_warm:.0f}" for _, r in runs]),
         ("engine RSS at the end (MiB)", [f"{r.rss_mb_end:.0f}" for _, r in runs]),
         ("growth (MiB)", [f"{r.growth_mb:+.0f}" for _, r in runs]),

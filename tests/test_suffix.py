@@ -97,3 +97,23 @@ def test_a_speculation_on_a_short_match_is_scored_apart():
 
     stats = AcceptanceStats()
     assert stats.factor(Source.SUFFIX_SHORT, 1) < stats.factor(Source.SUFFIX, 1)
+
+
+def test_the_shared_trees_keep_at_most_the_cached_requests_and_report_their_memory():
+    pytest.importorskip("arctic_inference")
+    sc = SuffixCandidates(max_depth=16, max_cached_requests=2)
+    empty = sc.memory_bytes()
+    assert empty is not None and sc.cached_requests() == 0
+    sizes = []
+    for i in range(4):
+        sc.start(i, [1, 2, 3])
+        sc.extend(i, [100 * i + t for t in range(200)])
+        sc.stop(i)
+        sizes.append(sc.memory_bytes())
+    assert sc.cached_requests() == 2  # the oldest outputs went
+    assert sizes[0] > empty and sizes[1] > sizes[0]
+    assert sizes[3] < sizes[1] * 1.5  # bounded by the requests kept, not by all that were served
+    # an active request's own tree counts too, until it stops
+    sc.start("live", list(range(500, 900)))
+    assert sc.memory_bytes() > sizes[3]
+    sc.stop("live")

@@ -87,7 +87,11 @@ class LookaheadParams:
     )
     suffix_depth: int = _key(24, 1, 64, "suffix-tree depth: longest context matched and longest continuation")
     suffix_cache_requests: int = _key(
-        10000, 0, 1 << 20, "finished requests whose outputs stay suffix-tree candidates for later requests"
+        10000,
+        0,
+        1 << 20,
+        "finished requests whose outputs stay suffix-tree candidates for later requests (about 200-350 bytes per "
+        "cached output token)",
     )
     shared_pool_keys: int = _key(
         0,
