@@ -69,8 +69,8 @@ class Report:
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     live_states_end: int = -1
-    # the engine's shared suffix trees at the end (the library's estimate, MiB; None without them): part of the growth
-    suffix_cache_mib_end: float | None = None
+    # output tokens the engine's shared suffix tree holds at the end (None without it): part of the growth, by design
+    suffix_cached_tokens_end: int | None = None
     rss_mb_warm: float = 0.0
     rss_mb_end: float = 0.0
     samples: list[dict[str, float]] = field(default_factory=list)  # time, rss_mb, live_states, served
@@ -368,8 +368,8 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
         while (states := live_states(base)) and time.monotonic() < deadline:
             time.sleep(0.5)
         report.live_states_end = states
-        sizes = [st["suffix_cache_mib"] for st in worker_stats(base) if st.get("suffix_cache_mib") is not None]
-        report.suffix_cache_mib_end = max(sizes) if sizes else None
+        held = [st["suffix_cached_tokens"] for st in worker_stats(base)]
+        report.suffix_cached_tokens_end = max(held) if held else None
         report.rss_mb_end = engine_rss_mb(proc)
         if not report.rss_mb_warm:
             report.rss_mb_warm = report.samples[0]["rss_mb"] if report.samples else report.rss_mb_end
@@ -379,8 +379,8 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     return report
 
 
-def _mib(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.1f}"
+def _or_na(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
 
 
 def table(la: Report, plain: Report | None, bound_mb: float) -> str:
@@ -392,7 +392,7 @@ def table(la: Report, plain: Report | None, bound_mb: float) -> str:
         ("deliberate aborts", [str(r.aborted) for _, r in runs]),
         ("errors", [str(r.errors) for _, r in runs]),
         ("lookahead states alive at the end", [str(la.live_states_end)] + ["n/a"] * (len(runs) - 1)),
-        ("shared suffix trees at the end (MiB, library's estimate)", [_mib(r.suffix_cache_mib_end) for _, r in runs]),
+        ("tokens in the shared suffix tree at the end", [_or_na(r.suffix_cached_tokens_end) for _, r in runs]),
         ("engine RSS after warm-up (MiB)", [f"{r.rss_mb_warm:.0f}" for _, r in runs]),
         ("engine RSS at the end (MiB)", [f"{r.rss_mb_end:.0f}" for _, r in runs]),
         ("growth (MiB)", [f"{r.growth_mb:+.0f}" for _, r in runs]),

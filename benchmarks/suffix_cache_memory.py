@@ -7,11 +7,10 @@ Lookahead keeps one global suffix tree per engine over finished requests' output
 10000, as vLLM's `suffix` method), so that later requests can continue what earlier ones wrote. Its size is bounded
 in requests, not bytes: the bytes follow the outputs' lengths. This caches `--requests` outputs (real text: the
 HumanEval and ShareGPT prompts of the project's sets, tokenized by the default model's tokenizer, taken in turn)
-through the plugin's own `SuffixCandidates`, and prints, per tree depth (`suffix_depth`), the library's estimate of
-the trees' memory (what `lookahead_stats` reports as `suffix_cache_mib`; it counts each token of the stored
-sequences at a vector's size, so it runs high) and the process's RSS growth per cached token (memory the process
-had freed before absorbs the first megabytes: give each depth its own run for a clean figure), and what the default
-number of cached requests takes at a few output lengths. No model runs.
+through the plugin's own `SuffixCandidates`, and prints, per tree depth (`suffix_depth`), the tokens the shared tree
+holds (what `lookahead_stats` reports as `suffix_cached_tokens`) and the process's RSS growth per held token (memory
+the process had freed before absorbs the first megabytes: give each depth its own run for a clean figure), and what
+the default number of cached requests takes at a few output lengths. No model runs.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [tokenizer(t)["input_ids"] for t in texts]
     cached = LookaheadParams().suffix_cache_requests
     print(f"{len(outputs)} texts, {sum(map(len, outputs)) / len(outputs):.0f} tokens each on average\n")
-    print("| suffix_depth | requests | tokens | library estimate, bytes/token | RSS growth, bytes/token |")
+    print("| suffix_depth | requests held | tokens held | RSS growth, MiB | bytes per token |")
     print("|---|---|---|---|---|")
     per_token = {}
     for depth in (int(d) for d in args.depths.split(",")):
@@ -57,28 +56,23 @@ def main(argv: list[str] | None = None) -> int:
         if sc is None:
             print("arctic_inference is not installed", file=sys.stderr)
             return 2
-        before, tokens = rss_mib(), 0
+        before = rss_mib()
         for i in tqdm(range(args.requests), desc=f"depth {depth}", unit="request", leave=False):
             # each request's own token ids, so that repeated texts are not shared for free
             out = [(t + i * 7919) % tokenizer.vocab_size for t in outputs[i % len(outputs)]]
             sc.start(i, out[:8])
             sc.extend(i, out)
             sc.stop(i)
-            tokens += len(out)
-        estimate = sc.memory_bytes()
-        grown = (rss_mib() - before) * 2**20
-        per_token[depth] = (None if estimate is None else estimate / tokens, grown / tokens)
-        shown = "n/a" if estimate is None else f"{estimate / tokens:.0f}"
-        print(f"| {depth} | {sc.cached_requests()} | {tokens} | {shown} | {grown / tokens:.0f} |")
+        grown, tokens = rss_mib() - before, sc.cached_tokens()
+        per_token[depth] = grown * 2**20 / tokens
+        print(f"| {depth} | {sc.cached_requests()} | {tokens} | {grown:.0f} | {per_token[depth]:.0f} |")
         del sc
     lengths = [int(n) for n in args.lengths.split(",")]
-    print(f"\nThe default {cached} cached requests, GiB by the RSS growth (by the library's estimate):\n")
+    print(f"\nThe default {cached} cached requests, GiB:\n")
     print("| suffix_depth | " + " | ".join(f"{n}-token outputs" for n in lengths) + " |")
     print("|---|" + "---|" * len(lengths))
-    for depth, (estimate, grown) in per_token.items():
-        gib = [cached * n / 2**30 for n in lengths]
-        cells = [f"{g * grown:.1f}" + ("" if estimate is None else f" ({g * estimate:.1f})") for g in gib]
-        print(f"| {depth} | " + " | ".join(cells) + " |")
+    for depth, b in per_token.items():
+        print(f"| {depth} | " + " | ".join(f"{cached * n * b / 2**30:.1f}" for n in lengths) + " |")
     return 0
 
 

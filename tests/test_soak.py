@@ -36,6 +36,6 @@ def test_short_serving_soak(tmp_path):
 
     assert set(la["served"]) == set(KINDS) - {"abort-mid-stream"}
     assert la["aborted"] > 0 and max(s["live_states"] for s in la["samples"]) > 0
-    # the engine's shared suffix trees hold the finished outputs, and the report says how much they take
-    assert la["suffix_cache_mib_end"] > 0 and plain["suffix_cache_mib_end"] is None
+    # the engine's shared suffix tree holds the outputs, and the report says how many tokens
+    assert la["suffix_cached_tokens_end"] > 0 and plain["suffix_cached_tokens_end"] is None
     assert (tmp_path / "soak_c8_d60.png").exists()

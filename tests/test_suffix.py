@@ -99,21 +99,29 @@ def test_a_speculation_on_a_short_match_is_scored_apart():
     assert stats.factor(Source.SUFFIX_SHORT, 1) < stats.factor(Source.SUFFIX, 1)
 
 
-def test_the_shared_trees_keep_at_most_the_cached_requests_and_report_their_memory():
+def test_the_shared_tree_keeps_at_most_the_cached_requests_and_counts_their_tokens():
     pytest.importorskip("arctic_inference")
     sc = SuffixCandidates(max_depth=16, max_cached_requests=2)
-    empty = sc.memory_bytes()
-    assert empty is not None and sc.cached_requests() == 0
-    sizes = []
+    assert sc.cached_requests() == sc.cached_tokens() == 0
     for i in range(4):
-        sc.start(i, [1, 2, 3])
-        sc.extend(i, [100 * i + t for t in range(200)])
+        sc.start(i, [1, 2, 3])  # the prompt stays out of the shared tree
+        sc.extend(i, [100 * i + t for t in range(150)])
+        sc.extend(i, [100 * i + 150 + t for t in range(50)])
         sc.stop(i)
-        sizes.append(sc.memory_bytes())
+        assert sc.cached_tokens() == 200 * min(i + 1, 2)
     assert sc.cached_requests() == 2  # the oldest outputs went
-    assert sizes[0] > empty and sizes[1] > sizes[0]
-    assert sizes[3] < sizes[1] * 1.5  # bounded by the requests kept, not by all that were served
-    # an active request's own tree counts too, until it stops
+    # a running request's output counts as it grows, and makes room by evicting the oldest
     sc.start("live", list(range(500, 900)))
-    assert sc.memory_bytes() > sizes[3]
+    assert sc.cached_requests() == 2 and sc.cached_tokens() == 200
+    sc.extend("live", [7, 8, 9])
+    assert sc.cached_tokens() == 203
+    # a restarted id (preemption) starts its output afresh
+    sc.start("live", [1, 2])
+    sc.extend("live", [5])
+    assert sc.cached_requests() == 2 and sc.cached_tokens() == 201
     sc.stop("live")
+    # without a shared tree, nothing is held
+    local = SuffixCandidates(max_depth=16, max_cached_requests=0)
+    local.start("a", [1, 2, 3])
+    local.extend("a", [4, 5])
+    assert local.cached_requests() == local.cached_tokens() == 0

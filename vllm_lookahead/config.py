@@ -90,7 +90,7 @@ class LookaheadParams:
         10000,
         0,
         1 << 20,
-        "finished requests whose outputs stay suffix-tree candidates for later requests (about 200-350 bytes per "
+        "finished requests whose outputs stay suffix-tree candidates for later requests (about 210 bytes per "
         "cached output token)",
     )
     shared_pool_keys: int = _key(

@@ -431,9 +431,9 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         "kernel_attention_steps": s.kernel_attention_steps,
         "reference_attention_steps": s.reference_attention_steps,
         "live_states": len(engine.states),
-        # the suffix trees shared by the engine: finished requests kept, and the library's estimate of their memory
+        # the suffix tree the engine shares: the requests whose outputs it holds, and their tokens (its memory)
         "suffix_cached_requests": 0 if engine.suffix is None else engine.suffix.cached_requests(),
-        "suffix_cache_mib": None if engine.suffix is None else _mib(engine.suffix.memory_bytes()),
+        "suffix_cached_tokens": 0 if engine.suffix is None else engine.suffix.cached_tokens(),
         # the step-cost fit the tree sizing uses (seconds, or relative units if fixed by node_cost)
         **dict(zip(COST_KEYS, engine.cost.coefficients(), strict=True)),
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
@@ -442,10 +442,6 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         **{f"drafted_{k}": v for k, v in s.drafted.items()},
         **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
     }
-
-
-def _mib(n: int | None) -> float | None:
-    return None if n is None else n / 2**20
 
 
 def _draw_at(

@@ -43,6 +43,8 @@ class SuffixCandidates:
         self.min_prob = min_prob
         # max_cached_requests=0 keeps no global tree: this request's prompt and output only.
         self._cache: Any = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=max_cached_requests)
+        # output tokens of each request the global tree holds, in the library's order (it evicts the oldest first)
+        self._held: dict[Hashable, int] = {}
 
     @classmethod
     def create(cls, max_depth: int, max_cached_requests: int) -> SuffixCandidates | None:
@@ -65,12 +67,20 @@ class SuffixCandidates:
             cache.stop_request(req_id)
         if req_id in cache.cached_requests:  # a request id seen before (preempted and resumed): start afresh
             cache.evict_cached_response(req_id)
-        cache.start_request(req_id, np.asarray(prompt, dtype=np.int32))
+        self._held.pop(req_id, None)
+        cache.start_request(req_id, np.asarray(prompt, dtype=np.int32))  # may evict the oldest cached outputs
+        held = cache.cached_requests
+        while self._held and next(iter(self._held)) not in held:
+            del self._held[next(iter(self._held))]
+        if req_id in held:
+            self._held[req_id] = 0
 
     def extend(self, req_id: Hashable, tokens: Sequence[int]) -> None:
         """The request's new output tokens (they also become candidates for other requests)."""
         if tokens:
             self._cache.add_active_response(req_id, np.asarray(tokens, dtype=np.int32))
+            if req_id in self._held:
+                self._held[req_id] += len(tokens)
 
     def stop(self, req_id: Hashable) -> None:
         """The request ended: its prompt goes, its output stays in the global tree (up to max_cached_requests)."""
@@ -78,18 +88,14 @@ class SuffixCandidates:
             self._cache.stop_request(req_id)
 
     def cached_requests(self) -> int:
-        """Finished requests whose outputs the global tree holds (at most max_cached_requests)."""
+        """Requests whose outputs the global tree holds, the running ones included (at most max_cached_requests)."""
         return len(self._cache.cached_requests)
 
-    def memory_bytes(self) -> int | None:
-        """The library's estimate of what its trees hold (the global one and the active requests' own); None where
-        the installed library has no estimate. About 340 bytes per cached token at the default depth of 24
-        (`python benchmarks/suffix_cache_memory.py`): suffix_cache_requests bounds the number of requests, their
-        lengths bound the rest."""
-        trees = [getattr(self._cache, "_global_tree", None), *getattr(self._cache, "_local_trees", {}).values()]
-        if any(t is None or not hasattr(t, "estimate_memory") for t in trees):
-            return None
-        return int(sum(t.estimate_memory() for t in trees))
+    def cached_tokens(self) -> int:
+        """Output tokens the global tree holds: about 210 bytes of memory each at the default depth
+        (`python benchmarks/suffix_cache_memory.py`). max_cached_requests bounds the requests, their lengths the
+        rest."""
+        return sum(self._held.values())
 
     def candidates(self, req_id: Hashable, context: Sequence[int], max_tokens: int) -> list[Candidate]:
         """Root paths of the speculation tree after `context` (the sequence's last tokens, x0 included), at most
