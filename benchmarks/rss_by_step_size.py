@@ -6,9 +6,11 @@
 One engine in this process (float32, eager, no prefix caching) prefills prompts one at a time, each of a length it
 has not run before (every prefill is a step of that many tokens), and prints the process's RSS after each group;
 then it runs the same lengths again (rounds 2 and 3). On CPU, vLLM's linear layers keep a oneDNN primitive per
-distinct number of rows (up to 128 per layer, `primitive_cache_size`), so RSS grows with each new step size in the
-first round and stays level when sizes repeat: the growth a serving soak shows is bounded by that cache, and
-lookahead, whose steps carry varied numbers of tokens, reaches the same ceiling sooner, not a higher one.
+distinct number of rows (32 sizes per layer, `create_onednn_mm(..., 32)`), and oneDNN keeps up to
+`ONEDNN_PRIMITIVE_CACHE_CAPACITY` primitives (default 1024) process-wide besides, so RSS grows with each new step size
+in the first round and stays level when sizes repeat: the growth a serving soak shows is bounded by those caches,
+and lookahead, whose steps carry varied numbers of tokens, reaches the same ceiling sooner, not a higher one. Run it
+with `ONEDNN_PRIMITIVE_CACHE_CAPACITY=8` in the environment to see the process-wide cache's share.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ lookahead settings and opted-out ones, streams the client drops after a few chun
 that run into `--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
 worker's live lookahead states. At the end it waits for the server to go idle and reports: requests served per
 kind, errors (anything but a 200 with a complete answer, aborts aside), lookahead states alive at the end, and the
-engine's RSS after warm-up and at the end. Before its clients start, each engine prefills prompts of more distinct
-lengths than vLLM's per-layer cache of step sizes holds (`CACHE_FILL_LENGTHS`), so that the growth measured is not
-that bounded cache filling up. The same mix then runs on plain decoding (unless `--no-baseline`): vLLM's
-engine grows under this mix by itself (about 1 MiB/s here, plain decoding as much as lookahead), so the bound is on
+engine's RSS after warm-up and at the end. Both engines run with oneDNN's primitive cache bounded
+(`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, `ONEDNN_CACHE_CAPACITY` unless the environment sets it) and, before the clients
+start, prefill prompts of more distinct lengths than its and vLLM's per-layer caches of step sizes hold
+(`CACHE_FILL_LENGTHS`), so that the growth measured is not those bounded caches filling up. The same mix then
+runs on plain decoding (unless `--no-baseline`), whose engine may grow under it by itself, so the bound is on
 lookahead's growth beyond plain decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with
 `--json`, the reports. Exits 1 if errors > 0, live states at the end > 0 or lookahead's RSS grew by more than
 `--rss-bound-mb` beyond plain decoding's.
@@ -51,11 +52,15 @@ KINDS = (
 )
 ABORT_AFTER_CHUNKS = 3
 BLOCK_SIZE = 128
-# vLLM's CPU linear layers keep a oneDNN primitive per distinct number of rows a step computes, up to 128 per layer
-# (`primitive_cache_size`), about 1.5 MiB each for the default model: an engine's RSS grows with every new step size
-# until that cache is full, then stays level (`benchmarks/rss_by_step_size.py`). Lookahead's steps come in more sizes
-# and reach the ceiling sooner. So that the soak measures growth beyond that bounded cache, each engine first
-# prefills one prompt of every length here (more sizes than the cache holds), before its clients start.
+# On CPU, vLLM's linear layers keep a oneDNN matmul primitive per distinct number of rows a step computes (32 sizes
+# per layer, `create_onednn_mm(..., 32)`), and oneDNN's own process-wide cache keeps up to
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY primitives (default 1024; about 0.26 MiB each for the default model, one per layer
+# shape and size): an engine's RSS grows with every new step size until both are full, a ceiling of about 270 MiB
+# that lookahead, whose steps come in more sizes, nears sooner (`benchmarks/rss_by_step_size.py`). So that the soak
+# measures growth beyond those bounded caches, both engines run with oneDNN's cache bounded to ONEDNN_CACHE_CAPACITY
+# primitives (unless the environment sets it) and each first prefills one prompt of every length here (more sizes
+# than the caches hold), before its clients start.
+ONEDNN_CACHE_CAPACITY = 64
 CACHE_FILL_LENGTHS = range(2, 2 + 160)
 
 
@@ -147,6 +152,7 @@ def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple
         cmd += ["--speculative-config", config]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://{HOST}:{port}"
