@@ -29,16 +29,22 @@ PRIOR_SLOPE = 0.03
 PRIOR_WEIGHT = 2.0
 # Where the prior on a slope sits: as if PRIOR_WEIGHT steps had differed by this many requests or drafts.
 PRIOR_SPREAD = 8.0
+# Weight of the branch price's prior (0), in branched steps. At a large batch trees seldom branch, so a handful of
+# branched steps is all the fit sees of the price; one of them slowed by the machine (a 16-request step took 46 ms
+# over its prediction, within that run's spread of residuals, whereas that batch's branched steps cost nothing extra
+# when many were timed) priced branching out of the rest of the run, and a price nothing measures only fades.
+BRANCH_PRIOR_WEIGHT = 16.0
 DECAY = 0.995  # per observed step: about two hundred steps of memory
 
 
 class StepCost:
     """c(R, D, B) = fixed + per_request * R + per_draft * D + branch * B, a weighted least-squares fit over recent
     steps, each slope pulled toward a prior (per_request = per_draft = PRIOR_SLOPE * fixed as the first step
-    suggests, branch = 0) where the steps say little about it: a branch price that no recent step measured decays
-    to 0, so trees are tried again and measured afresh. `relative_node_cost` fixes the costs instead
-    (1 + relative_node_cost per request or draft, no branch price), for reproducible tree sizes; `frozen` fixes
-    any coefficients (e.g. a run's fitted ones, read back from its stats)."""
+    suggests, branch = 0, worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about it: a branch
+    price that no recent step measured decays to 0, so trees are tried again and measured afresh.
+    `relative_node_cost` fixes the costs instead (1 + relative_node_cost per request or draft, no branch price),
+    for reproducible tree sizes; `frozen` fixes any coefficients (e.g. a run's fitted ones, read back from its
+    stats)."""
 
     def __init__(self, relative_node_cost: float | None = None) -> None:
         s = relative_node_cost
@@ -71,7 +77,7 @@ class StepCost:
     def _solve(self, s: float) -> tuple[float, float, float, float]:
         # The prior as pseudo-rows on the slopes alone (the intercept is always measured): w * (spread * (k - k0))^2.
         ridge = PRIOR_WEIGHT * PRIOR_SPREAD**2
-        xtx = self._xtx + np.diag([0.0, ridge, ridge, PRIOR_WEIGHT])
+        xtx = self._xtx + np.diag([0.0, ridge, ridge, BRANCH_PRIOR_WEIGHT])
         xty = self._xty + np.array([0.0, ridge * s, ridge * s, 0.0])
         a, r, d, b = np.linalg.solve(xtx, xty)  # positive definite: one step observed, and a ridge on each slope
         r, d, b = max(float(r), 0.0), max(float(d), 0.0), max(float(b), 0.0)
