@@ -1,0 +1,142 @@
+"""Where a batch run's time goes by kind of engine step: decode-only steps against steps that also prefill.
+
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/step_mix.py --dataset sharegpt --concurrency 16
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/step_mix.py --methods none,suffix,lookahead
+
+Each method runs in a process of its own, its engine in that process (VLLM_ENABLE_V1_MULTIPROCESSING=0), with
+max_num_seqs = --concurrency, eager, greedy, on HumanEval or chat-templated ShareGPT prompts as bench_methods feeds
+them, after a short warm-up on two of them. Every scheduler step is recorded (requests, draft tokens, prefill
+tokens: those beyond one token and the drafts per request) and timed to the next one. Prints per method: tokens/s,
+engine steps, the decode-only steps (their time, request-steps, drafts, ms per step and per request-step) and the
+steps that also prefill (their time and prefill tokens). A speculative method makes fewer request-steps; whether
+that shows in tokens/s also depends on how the prefills fall into steps, which this table shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import prompts as set_prompts
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default="none,lookahead", help="comma list from: none, ngram, suffix, lookahead")
+    add_common_args(p, dtype="float32", dataset="sharegpt", num_prompts=48, max_tokens=96)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    from bench_methods import METHODS
+
+    args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
+    bad = [m for m in args.method_list if m not in ("none", "ngram", "suffix", "lookahead")]
+    if bad or not args.method_list:
+        p.error(f"--methods: unknown {bad}; choose from none, ngram, suffix, lookahead")
+    if min(args.concurrency, args.num_prompts, args.max_tokens) < 1:
+        p.error("--concurrency, --num-prompts and --max-tokens must be positive")
+    args.configs = METHODS
+    return args
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_lookahead.models import default_model_path
+
+    records: list[tuple[float, int, int, int]] = []
+    original = Scheduler.schedule
+
+    def schedule(self: Scheduler, *a: Any, **k: Any) -> Any:
+        out = original(self, *a, **k)
+        drafts = sum(len(v) for v in out.scheduled_spec_decode_tokens.values())
+        requests = len(out.num_scheduled_tokens)
+        records.append((time.perf_counter(), requests, drafts, out.total_num_scheduled_tokens - requests - drafts))
+        return out
+
+    Scheduler.schedule = schedule  # this process's engine only: the script's own measurement
+    config = args.configs[args.worker]
+    if args.worker == "lookahead" and args.lookahead_config:
+        config = {**config, **json.loads(args.lookahead_config)}
+    llm = LLM(
+        model=default_model_path(), dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
+        max_num_seqs=args.concurrency, speculative_config=config,
+    )  # fmt: skip
+    prompts = set_prompts(llm, args.dataset, args.num_prompts + 2)
+    llm.generate(prompts[-2:], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    records.clear()
+    start = time.perf_counter()
+    outs = llm.generate(prompts[:-2], SamplingParams(max_tokens=args.max_tokens, temperature=0), use_tqdm=False)
+    seconds = time.perf_counter() - start
+    records.append((time.perf_counter(), 0, 0, 0))
+    steps = [(records[i + 1][0] - records[i][0], *records[i][1:]) for i in range(len(records) - 1) if records[i][1]]
+    decode = [s for s in steps if s[3] == 0]
+    mixed = [s for s in steps if s[3] > 0]
+    return {
+        "method": args.worker,
+        "seconds": seconds,
+        "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        "steps": len(steps),
+        "decode_steps": len(decode),
+        "decode_s": sum(s[0] for s in decode),
+        "decode_request_steps": sum(s[1] for s in decode),
+        "decode_drafts": sum(s[2] for s in decode),
+        "mixed_steps": len(mixed),
+        "mixed_s": sum(s[0] for s in mixed),
+        "mixed_request_steps": sum(s[1] for s in mixed),
+        "prefill_tokens": sum(s[3] for s in mixed),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| method | tokens/s | steps | decode-only steps | their s | request-steps | drafts | ms/step "
+        "| ms/request-step | steps with prefill | their s | prefill tokens |\n" + "|---" * 12 + "|"
+    )
+    lines = [head]
+    for r in rows:
+        d = max(r["decode_steps"], 1)
+        lines.append(
+            f"| {r['method']} | {r['tokens'] / r['seconds']:.1f} | {r['steps']} | {r['decode_steps']} "
+            f"| {r['decode_s']:.1f} | {r['decode_request_steps']} | {r['decode_drafts']} "
+            f"| {r['decode_s'] / d * 1e3:.0f} | {r['decode_s'] / max(r['decode_request_steps'], 1) * 1e3:.1f} "
+            f"| {r['mixed_steps']} | {r['mixed_s']:.1f} | {r['prefill_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        print("STEP_MIX " + json.dumps(worker(args)), flush=True)
+        return 0
+    rows = []
+    for method in args.method_list:
+        print(f"=== {method} ===", flush=True)
+        cmd = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--worker", method]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = [ln for ln in proc.stdout.splitlines() if ln.startswith("STEP_MIX ")]
+        if proc.returncode or not found:
+            print(proc.stdout[-2000:] + proc.stderr[-3000:], file=sys.stderr)
+            return 1
+        rows.append(json.loads(found[-1].removeprefix("STEP_MIX ")))
+    print(
+        f"\n### {args.dataset}, {args.dtype}, {args.concurrency} at a time, {args.num_prompts} prompts x "
+        f"{args.max_tokens} tokens\n"
+    )
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
