@@ -8,8 +8,8 @@ max_num_seqs = --concurrency, eager, greedy, on HumanEval or chat-templated Shar
 them, after a short warm-up on two of them. Every scheduler step is recorded (requests, draft tokens, prefill
 tokens: those beyond one token and the drafts per request) and timed to the next one. Prints per method: tokens/s,
 engine steps, the decode-only steps (their time, request-steps, drafts, ms per step and per request-step) and the
-steps that also prefill (their time and prefill tokens). A speculative method makes fewer request-steps; whether
-that shows in tokens/s also depends on how the prefills fall into steps, which this table shows.
+steps that also prefill (their time and prefill tokens). A speculative method makes fewer request-steps; how much
+of that shows in tokens/s depends on how full its batches stay and what its steps cost, which this table shows.
 """
 
 from __future__ import annotations
