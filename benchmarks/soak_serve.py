@@ -54,9 +54,9 @@ ABORT_AFTER_CHUNKS = 3
 BLOCK_SIZE = 128
 # On CPU, vLLM's linear layers keep a oneDNN matmul primitive per distinct number of rows a step computes (32 sizes
 # per layer, `create_onednn_mm(..., 32)`), and oneDNN's own process-wide cache keeps up to
-# ONEDNN_PRIMITIVE_CACHE_CAPACITY primitives (default 1024; about 0.26 MiB each for the default model, one per layer
-# shape and size): an engine's RSS grows with every new step size until both are full, a ceiling of about 270 MiB
-# that lookahead, whose steps come in more sizes, nears sooner (`benchmarks/rss_by_step_size.py`). So that the soak
+# ONEDNN_PRIMITIVE_CACHE_CAPACITY primitives (default 1024): an engine's RSS grows with every new step size until
+# both are full, about +325 MiB for the default model after some 260 sizes, a ceiling that lookahead, whose steps
+# come in more sizes, nears sooner (`benchmarks/rss_by_step_size.py`). So that the soak
 # measures growth beyond those bounded caches, both engines run with oneDNN's cache bounded to ONEDNN_CACHE_CAPACITY
 # primitives (unless the environment sets it) and each first prefills one prompt of every length here (more sizes
 # than the caches hold), before its clients start.
