@@ -100,8 +100,8 @@ def test_an_unmeasured_branch_price_decays_so_trees_are_tried_again():
 
 def test_one_slow_branched_step_does_not_price_branching_out():
     """At a large batch trees seldom branch: one branched step slowed by the machine (46 ms over a 16-request step's
-    cost, as seen at 16 requests on 2 cores) moves the price by at most 1 / (BRANCH_PRIOR_WEIGHT + 1) of its excess,
-    below a draft token's cost, so trees still branch and the next branched steps measure it afresh."""
+    cost) moves the price by at most 1 / (BRANCH_PRIOR_WEIGHT + 1) of its excess, below a draft token's cost, so
+    trees still branch and the next branched steps measure it afresh."""
     cost = StepCost()
     rng = random.Random(5)
 

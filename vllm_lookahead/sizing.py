@@ -30,9 +30,9 @@ PRIOR_WEIGHT = 2.0
 # Where the prior on a slope sits: as if PRIOR_WEIGHT steps had differed by this many requests or drafts.
 PRIOR_SPREAD = 8.0
 # Weight of the branch price's prior (0), in branched steps. At a large batch trees seldom branch, so a handful of
-# branched steps is all the fit sees of the price; one of them slowed by the machine (a 16-request step took 46 ms
-# over its prediction, within that run's spread of residuals, whereas that batch's branched steps cost nothing extra
-# when many were timed) priced branching out of the rest of the run, and a price nothing measures only fades.
+# branched steps is all the fit sees of the price, and one of them slowed by the machine priced branching out of the
+# rest of a run (48.9 ms from 5 branched steps at 16 requests, other rounds 0.9-4.9 ms: README, "On a CPU without
+# AVX-512"), where a price nothing measures only fades.
 BRANCH_PRIOR_WEIGHT = 16.0
 DECAY = 0.995  # per observed step: about two hundred steps of memory
 
