@@ -13,7 +13,9 @@ kind, errors (anything but a 200 with a complete answer, aborts aside), lookahea
 engine's RSS after warm-up and at the end. Both engines run with oneDNN's primitive cache bounded
 (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, `ONEDNN_CACHE_CAPACITY` unless the environment sets it) and, before the clients
 start, prefill prompts of more distinct lengths than its and vLLM's per-layer caches of step sizes hold
-(`CACHE_FILL_LENGTHS`), so that the growth measured is not those bounded caches filling up. The same mix then
+(`CACHE_FILL_LENGTHS`), so that the growth measured is not those bounded caches filling up, and with TCMalloc
+returning freed pages at once (`TCMALLOC_ENV`), so that RSS is live memory rather than the allocator's cache of
+freed blocks. The same mix then
 runs on plain decoding (unless `--no-baseline`), whose engine may grow under it by itself, so the bound is on
 lookahead's growth beyond plain decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with
 `--json`, the reports. Exits 1 if errors > 0, live states at the end > 0 or lookahead's RSS grew by more than
@@ -61,6 +63,14 @@ BLOCK_SIZE = 128
 # primitives (unless the environment sets it) and each first prefills one prompt of every length here (more sizes
 # than the caches hold), before its clients start.
 ONEDNN_CACHE_CAPACITY = 64
+# TCMalloc (in LD_PRELOAD under `vllm_lookahead.cpu_runtime`) keeps large freed blocks in its page heap and returns
+# them to the system at its own pace, so RSS follows a step's biggest transient buffers for tens of seconds at a time.
+# A lookahead step's logits (one float32 row of the vocabulary per tree node, 0.58 MiB per node for the default
+# model, so 100 MiB for some 170 nodes across a batch) are such a buffer: one CI soak measured lookahead's RSS
+# jumping by 100 MiB and back three times and ending on a high (+109 MiB beyond plain). With freed pages returned at
+# once, RSS tracks live memory, which is what a leak would grow: both engines run so unless the environment says
+# otherwise.
+TCMALLOC_ENV = {"TCMALLOC_AGGRESSIVE_DECOMMIT": "true"}
 CACHE_FILL_LENGTHS = range(2, 2 + 160)
 
 
@@ -153,6 +163,8 @@ def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+    for key, value in TCMALLOC_ENV.items():
+        env.setdefault(key, value)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://{HOST}:{port}"
