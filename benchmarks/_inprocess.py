@@ -1,6 +1,6 @@
-"""Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, tree_calibration): their common
-options, one engine in this process on the embedded default model (greedy, eager), and a set's prompts as
-bench_methods feeds them."""
+"""Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, tree_calibration, step_mix): their
+common options, one engine in this process on the embedded default model (greedy, eager) with a method's
+speculative_config, and a set's prompts as bench_methods feeds them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import argparse
 import json
 import os
 from typing import Any
+
+LOOKAHEAD: dict[str, Any] = {"method": "lookahead"}
 
 
 def add_common_args(p: argparse.ArgumentParser, dtype: str, dataset: str, num_prompts: int, max_tokens: int) -> None:
@@ -18,9 +20,10 @@ def add_common_args(p: argparse.ArgumentParser, dtype: str, dataset: str, num_pr
     p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
 
 
-def engine(args: argparse.Namespace, max_num_seqs: int, lookahead: bool = True) -> Any:
+def engine(args: argparse.Namespace, max_num_seqs: int, speculative_config: dict[str, Any] | None = LOOKAHEAD) -> Any:
     """vLLM's offline LLM in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that a script's patches of the
-    plugin's classes reach the engine; with lookahead and `--lookahead-config` unless `lookahead` is False."""
+    plugin's or vLLM's classes reach the engine; with `speculative_config` (None: plain decoding), lookahead's
+    merged with `--lookahead-config`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
@@ -35,8 +38,10 @@ def engine(args: argparse.Namespace, max_num_seqs: int, lookahead: bool = True) 
         enforce_eager=True,
         max_num_seqs=max_num_seqs,
     )
-    if lookahead:
-        kw["speculative_config"] = {"method": "lookahead", **json.loads(args.lookahead_config or "{}")}
+    if speculative_config is not None:
+        if speculative_config.get("method") == "lookahead":
+            speculative_config = {**speculative_config, **json.loads(args.lookahead_config or "{}")}
+        kw["speculative_config"] = speculative_config
     return LLM(**kw)
 
 

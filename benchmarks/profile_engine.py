@@ -22,7 +22,10 @@ import pstats
 import sys
 import time
 
-from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import (
+    LOOKAHEAD,  # the scripts run from benchmarks/, which is on sys.path
+    add_common_args,
+)
 from _inprocess import engine as in_process_engine
 from _inprocess import prompts as set_prompts
 
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from vllm import SamplingParams
 
-    llm = in_process_engine(args, args.concurrency, lookahead=args.method == "lookahead")
+    llm = in_process_engine(args, args.concurrency, LOOKAHEAD if args.method == "lookahead" else None)
     prompts = set_prompts(llm, args.dataset, args.num_prompts + args.concurrency)
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     # warm up on prompts outside the profiled ones: lookahead's suffix cache keeps finished outputs

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import engine as in_process_engine
 from _inprocess import prompts as set_prompts
 
 
@@ -45,14 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
-    import os
-
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
-
-    from vllm_lookahead.models import default_model_path
 
     records: list[tuple[float, int, int, int]] = []
     original = Scheduler.schedule
@@ -65,13 +60,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         return out
 
     Scheduler.schedule = schedule  # this process's engine only: the script's own measurement
-    config = args.configs[args.worker]
-    if args.worker == "lookahead" and args.lookahead_config:
-        config = {**config, **json.loads(args.lookahead_config)}
-    llm = LLM(
-        model=default_model_path(), dtype=args.dtype, max_model_len=2048, seed=0, enforce_eager=True,
-        max_num_seqs=args.concurrency, speculative_config=config,
-    )  # fmt: skip
+    llm = in_process_engine(args, args.concurrency, args.configs[args.worker])
     prompts = set_prompts(llm, args.dataset, args.num_prompts + 2)
     llm.generate(prompts[-2:], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     records.clear()
