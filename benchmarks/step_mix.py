@@ -8,8 +8,11 @@ max_num_seqs = --concurrency, eager, greedy, on HumanEval or chat-templated Shar
 them, after a short warm-up on two of them. Every scheduler step is recorded (requests, draft tokens, prefill
 tokens: those beyond one token and the drafts per request) and timed to the next one. Prints per method: tokens/s,
 engine steps, the decode-only steps (their time, request-steps, drafts, ms per step and per request-step) and the
-steps that also prefill (their time and prefill tokens). A speculative method makes fewer request-steps; how much
-of that shows in tokens/s depends on how full its batches stay and what its steps cost, which this table shows.
+steps that also prefill (their time and prefill tokens), and a least-squares fit over all steps of a step's time to
+its requests, drafts and prefill tokens (ms). A speculative method makes fewer request-steps; how much of that shows
+in tokens/s depends on how full its batches stay and what its steps cost, which this table shows. A second table
+splits a step's time by the model runner's phases (timed around its methods): the forward, the rest of running the
+model (inputs, logits), sampling and verification, and drafting the next step's drafts.
 """
 
 from __future__ import annotations
@@ -61,9 +64,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     Scheduler.schedule = schedule  # this process's engine only: the script's own measurement
     llm = in_process_engine(args, args.concurrency, args.configs[args.worker])
+    phases = time_phases()  # after the engine exists: around the plugin's patches, where a method has them
     prompts = set_prompts(llm, args.dataset, args.num_prompts + 2)
     llm.generate(prompts[-2:], SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     records.clear()
+    phases.update(dict.fromkeys(phases, 0.0))
     start = time.perf_counter()
     outs = llm.generate(prompts[:-2], SamplingParams(max_tokens=args.max_tokens, temperature=0), use_tqdm=False)
     seconds = time.perf_counter() - start
@@ -71,7 +76,15 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     steps = [(records[i + 1][0] - records[i][0], *records[i][1:]) for i in range(len(records) - 1) if records[i][1]]
     decode = [s for s in steps if s[3] == 0]
     mixed = [s for s in steps if s[3] > 0]
+    forward, execute, sample, draft = (phases[k] for k in PHASES)
     return {
+        "phases_s": {
+            "forward": forward,
+            "inputs and logits": execute - forward,
+            "sampling and verification": sample - draft,
+            "drafting": draft,
+        },
+        "fit_ms": step_fit(steps),
         "method": args.worker,
         "seconds": seconds,
         "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
@@ -87,10 +100,52 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+# The model runner's methods timed, outermost last: a step's forward, the rest of `execute_model` (inputs, logits),
+# `sample_tokens` (sampling, verification) and, called from it, the drafting of the next step's drafts.
+PHASES = ("_model_forward", "execute_model", "sample_tokens", "propose_draft_token_ids")
+
+
+def time_phases() -> dict[str, float]:
+    """Seconds spent in each of PHASES, summed over the run (the caller may zero its values)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    spent = dict.fromkeys(PHASES, 0.0)
+
+    def timed(name: str, fn: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] += time.perf_counter() - t
+
+        return run
+
+    for name in PHASES:
+        setattr(GPUModelRunner, name, timed(name, getattr(GPUModelRunner, name)))
+    return spent
+
+
+def step_fit(steps: list[tuple[float, int, int, int]]) -> list[float]:
+    """Least squares over every step: seconds = fixed + per_request * R + per_draft * D + per_prefill_token * P,
+    in ms (a count that never varies, e.g. the requests at batch 1, is folded into the fixed cost and shows 0). A
+    method's fixed cost against plain decoding's is what speculating costs a step besides its tokens."""
+    import numpy as np
+
+    a = np.array(steps, dtype=float).reshape(-1, 4)
+    x = np.column_stack([np.ones(len(a)), a[:, 1], a[:, 2], a[:, 3]])
+    for j in (1, 2, 3):
+        if np.ptp(x[:, j]) == 0:  # e.g. no drafts, or one request at a time: folded into the fixed cost
+            x[:, j] = 0.0
+    coef = np.linalg.lstsq(x, a[:, 0], rcond=None)[0]
+    return [round(float(c) * 1e3, 3) for c in coef]
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| method | tokens/s | steps | decode-only steps | their s | request-steps | drafts | ms/step "
-        "| ms/request-step | steps with prefill | their s | prefill tokens |\n" + "|---" * 12 + "|"
+        "| ms/request-step | steps with prefill | their s | prefill tokens "
+        "| fit: ms a step + a request + a draft + a prefill token |\n" + "|---" * 13 + "|"
     )
     lines = [head]
     for r in rows:
@@ -99,8 +154,18 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['method']} | {r['tokens'] / r['seconds']:.1f} | {r['steps']} | {r['decode_steps']} "
             f"| {r['decode_s']:.1f} | {r['decode_request_steps']} | {r['decode_drafts']} "
             f"| {r['decode_s'] / d * 1e3:.0f} | {r['decode_s'] / max(r['decode_request_steps'], 1) * 1e3:.1f} "
-            f"| {r['mixed_steps']} | {r['mixed_s']:.1f} | {r['prefill_tokens']} |"
+            f"| {r['mixed_steps']} | {r['mixed_s']:.1f} | {r['prefill_tokens']} "
+            f"| {' + '.join(f'{c:.2f}' for c in r['fit_ms'])} |"
         )
+    return "\n".join(lines)
+
+
+def phase_table(rows: list[dict[str, Any]]) -> str:
+    names = list(rows[0]["phases_s"])
+    lines = ["| method | " + " | ".join(f"{n}, ms a step" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for r in rows:
+        cells = " | ".join(f"{r['phases_s'][n] / max(r['steps'], 1) * 1e3:.2f}" for n in names)
+        lines.append(f"| {r['method']} | {cells} |")
     return "\n".join(lines)
 
 
@@ -124,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_tokens} tokens\n"
     )
     print(table(rows))
+    print()
+    print(phase_table(rows))
     return 0
 
 
