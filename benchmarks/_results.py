@@ -11,9 +11,9 @@ from typing import Any
 def append_jsonl(path: str | Path, settings: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     """Rows as JSON lines; the user's home directory in any path written as `~` (results get committed)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    home = str(Path.home())
+    home = str(Path.home()).rstrip("/") + "/"
     with open(path, "a", encoding="utf-8") as f:
         for row in rows:
             line = json.dumps({"time": stamp, "settings": settings, **row})
-            f.write((line.replace(json.dumps(home)[1:-1] + "/", "~/") if home != "/" else line) + "\n")
+            f.write((line if home == "/" else line.replace(home, "~/")) + "\n")
     print(f"raw results appended to: {path}")
