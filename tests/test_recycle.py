@@ -88,3 +88,45 @@ def test_off_by_key_or_without_a_table():
     off = LookaheadState(LookaheadParams(recycle_candidates=0), [1, 2], recycle=TokenRecycler())
     assert off.recycle is None
     assert LookaheadState(LookaheadParams(), [1, 2]).recycle is None
+
+
+def test_no_guess_is_drafted_under_a_bar_none_can_clear():
+    """candidates() returns nothing at once where even the best rank's estimate, scaled, is at most the floor."""
+    r = TokenRecycler(top_k=3)
+    r.observe([1, 2], [[2, 5, 6], [3, 7, 8]], [2, 3])
+    best = r.best_estimate()
+    assert best == max(r.rank_estimates())
+    assert r.candidates(1, 4, floor=best - 1e-6)
+    assert r.candidates(1, 4, floor=best) == []
+    assert r.candidates(1, 4, floor=best, scale=2.0)  # a calibration that doubles the estimates clears it again
+    assert r.best_estimate(scale=100.0) == 1.0
+
+
+def test_the_table_is_taught_while_recycled_guesses_are_verified():
+    """The engine takes the target's top tokens along the verified paths (a top-k over every path row) only while
+    recycled guesses were verified in the last RECYCLE_IDLE_STEPS steps, and always under tensor parallelism."""
+    import torch
+
+    from vllm_lookahead.engine import RECYCLE_IDLE_STEPS, LookaheadEngine
+    from vllm_lookahead.step import ScheduledTree
+    from vllm_lookahead.tree import StepTree
+
+    engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
+    engine.states["a"] = LookaheadState(engine.params, [1, 2, 3], recycle=engine.recycle)
+    logits = torch.randn(3, 300)
+    plain = StepTree.chain([5, 6, 7])
+    recycled = StepTree([5, 6, 7], [-1, 0, 1], [0, 1, 2], sources=[Source.ROOT, Source.RECYCLE, Source.RECYCLE])
+
+    def top(tree: StepTree, step: int) -> dict:
+        engine.stats.steps = step
+        scheduled = ScheduledTree("a", 0, 0, 3, tree, True)
+        return engine._path_top(logits, [0], [(scheduled, None, [1], [6, 7], True)], {0: [0, 1]})
+
+    assert top(plain, 1)  # a new engine teaches it
+    assert top(plain, RECYCLE_IDLE_STEPS)
+    assert top(plain, RECYCLE_IDLE_STEPS + 1) == {}  # no recycled guess verified for longer
+    taught = top(recycled, 500)
+    assert taught[0] == logits[:2].topk(engine.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
+    assert top(plain, 500 + RECYCLE_IDLE_STEPS) and not top(plain, 501 + RECYCLE_IDLE_STEPS)
+    engine.ranks = 2
+    assert top(plain, 10_000)

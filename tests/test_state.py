@@ -272,3 +272,19 @@ def test_prompt_lookup_on_a_short_match_is_scored_apart():
     assert firsts(state.build_tree(3)) == {3: Source.LOOKUP_SHORT, 7: Source.LOOKUP_SHORT}
     state = LookaheadState(params, [1, 2, 3, 4, 5, 6, 1, 2])
     assert firsts(state.build_tree(3)) == {4: Source.LOOKUP}  # "1 2 3" occurred: the longest match
+
+
+def test_a_tree_no_node_of_which_clears_the_bar_is_the_root_alone():
+    """build_tree returns the root alone, without merging or sorting, where no candidate's first token scores above
+    min_score; the state goes on from it as from any tree."""
+    params = LookaheadParams(suffix_candidates=0, recycle_candidates=0)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    assert LookaheadState(params, prompt).build_tree(4).num_nodes > 1
+    state = LookaheadState(params, prompt)
+    tree = state.build_tree(4, min_score=0.999)
+    assert (tree.tokens, tree.parents, tree.depths, tree.window_node) == ([4], [-1], [0], {(0, 0): 0})
+    assert tree.ancestor_mask().tolist() == [[True]]
+    state.update(tree, [1], [1])
+    assert state.x0 == 1 and state.num_tokens == 1
+    nxt = state.build_tree(1)
+    assert nxt.num_nodes > 1 and nxt.tokens[0] == 1

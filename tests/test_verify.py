@@ -448,3 +448,24 @@ def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
     assert expected[5] == 100 and expected[6] == 0 and expected[7] == 3
     view = logits.t().contiguous().t()
     assert not view.is_contiguous() and row_argmax(view) == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [50, 1000, 4096, 151936])
+def test_row_topk_is_each_rows_top_k(dtype, vocab):
+    """The block-first top k gives what torch's topk gives: the k largest of each row, largest first (compared by
+    value: bfloat16 rows tie often, and then either tied token is right)."""
+    from vllm_lookahead.verify import row_topk
+
+    gen = torch.Generator().manual_seed(vocab)
+    rows = torch.randn(5, vocab, generator=gen).to(dtype)
+    rows[1, 7] = 50.0  # one block holding several of a row's best
+    rows[1, 8] = 40.0
+    rows[1, 9] = 30.0
+    for k in (1, 8):
+        got = row_topk(rows, k)
+        want = rows.topk(k, dim=-1).values
+        assert [len(r) for r in got] == [k] * 5
+        assert all(len(set(r)) == k for r in got)
+        assert torch.equal(torch.stack([rows[i, got[i]] for i in range(5)]), want)
+    assert row_topk(rows, 8)[1][:3] == [7, 8, 9]

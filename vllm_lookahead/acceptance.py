@@ -68,6 +68,11 @@ class AcceptanceStats:
         d = min(depth, MAX_DEPTH)
         return self._hits[source][d] / self._expected[source][d]
 
+    def max_factor(self, source: Source, depth: int = MAX_DEPTH) -> float:
+        """The largest factor of a source at depths 1..depth."""
+        hits, expected = self._hits[source], self._expected[source]
+        return max(hits[d] / expected[d] for d in range(1, min(depth, MAX_DEPTH) + 1))
+
     def path_scores(self, source: Source, estimates: Sequence[float] | None, length: int) -> list[float]:
         """Scores of a candidate path's `length` tokens (depth 1..length), given the source's own conditional
         estimates per token (None: no estimate, 1 each)."""

@@ -27,22 +27,30 @@ PRIOR_WEIGHT = 20.0
 
 
 class TokenRecycler:
-    __slots__ = ("top_k", "table", "_hits", "_tries")
+    __slots__ = ("top_k", "table", "_hits", "_tries", "_estimates")
 
     def __init__(self, top_k: int = TOP_K) -> None:
         self.top_k = top_k
         self.table: dict[int, tuple[int, ...]] = {}
         self._hits = [PRIOR_WEIGHT * 0.5 / 2**r for r in range(top_k)]
         self._tries = PRIOR_WEIGHT
+        self._estimates: list[float] | None = None  # rank_estimates, until the next observation
 
     def rank_estimates(self) -> list[float]:
         """Per rank r: how often the token that followed a token was at rank r of its entry."""
-        return [h / self._tries for h in self._hits]
+        if self._estimates is None:
+            self._estimates = [h / self._tries for h in self._hits]
+        return self._estimates
+
+    def best_estimate(self, scale: float = 1.0) -> float:
+        """The most a guess's own min(1, scale * estimate) can be: no guess scores more, wherever it hangs."""
+        return min(1.0, scale * max(self.rank_estimates()))
 
     def observe(self, tokens: Sequence[int], top: Sequence[Sequence[int]], following: Sequence[int]) -> None:
         """The target's top tokens `top[i]` (best first) at a position holding `tokens[i]`, where `following[i]`
         then came: first counted against the token's entry as it stood, then its new entry."""
         table, k = self.table, self.top_k
+        self._estimates = None
         for tok, row, nxt in zip(tokens, top, following, strict=True):
             old = table.get(tok)
             if old is not None:
@@ -61,7 +69,7 @@ class TokenRecycler:
         caller's calibration multiplies an estimate by). A guess whose own min(1, scale * estimate) is at most
         `floor` is left out: it scores no more than that wherever it hangs, even below a parent another source made
         certain."""
-        if max_nodes <= 0 or x0 not in self.table:
+        if max_nodes <= 0 or x0 not in self.table or self.best_estimate(scale) <= floor:
             return []
         est = self.rank_estimates()
         cond = [min(1.0, scale * e) for e in est]

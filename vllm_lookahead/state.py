@@ -138,10 +138,14 @@ class LookaheadState:
             for c in self.suffix.candidates(self.req_id, self.recent, p.suffix_candidates):
                 add(c.tokens, c.source, c.estimates)
         if self.recycle is not None:  # its own floor test stands for worth(): no guess clears it, nothing drafted
-            scale = max(stats.factor(Source.RECYCLE, d) for d in range(1, p.recycle_candidates + 1))
+            scale = stats.max_factor(Source.RECYCLE, p.recycle_candidates)
             for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):
                 add(tokens, Source.RECYCLE, estimates)
         window = self.window if min_score <= 0 or stats.window_value > min_score else None
+        if window is None and min_score > 0 and not any(c.scores and c.scores[0] > min_score for c in cands):
+            # No first token clears the bar, and none below one can (a node scores at most its parent): the root
+            # alone, without merging and sorting what would all be cut (at a large batch, most requests' steps).
+            return StepTree([x0], [-1], [0], {(0, 0): 0}, [[] for _ in cands])
         tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
         tree = tree.by_score()

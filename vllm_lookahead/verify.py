@@ -21,6 +21,28 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     return logits.to(torch.float32).numpy().argmax(-1).tolist()
 
 
+# The vocabulary's blocks `row_topk` reduces first: the top k tokens lie in the k blocks with the largest maxima.
+TOPK_BLOCK = 128
+
+
+def row_topk(rows: torch.Tensor, k: int) -> list[list[int]]:
+    """Each row's k largest tokens, largest first (as `rows.topk(k).indices`, ties aside). On a CPU torch's topk
+    over a large vocabulary is slow (about 75 us a row of 152k): each row's block maxima are found first, and the
+    top k taken among the k best blocks' tokens, a third of the time. Every token at least the k-th largest lies in
+    a block whose maximum is too, and at most k blocks have such a maximum."""
+    r, v = rows.shape
+    if k >= v // TOPK_BLOCK:
+        return rows.topk(min(k, v), dim=-1).indices.tolist()
+    pad = (-v) % TOPK_BLOCK
+    if pad:
+        rows = torch.nn.functional.pad(rows, (0, pad), value=float("-inf"))
+    blocks = rows.view(r, -1, TOPK_BLOCK)
+    best = blocks.amax(-1).topk(k, dim=-1).indices  # [r, k] block ids
+    tokens = blocks.gather(1, best.unsqueeze(-1).expand(r, k, TOPK_BLOCK)).reshape(r, k * TOPK_BLOCK)
+    top = tokens.topk(k, dim=-1).indices  # positions among the best blocks' tokens
+    return (best.gather(1, top // TOPK_BLOCK) * TOPK_BLOCK + top % TOPK_BLOCK).tolist()
+
+
 def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
     """Longest root path whose every token equals the target's argmax at its parent, plus the bonus.
 
