@@ -14,6 +14,7 @@ import argparse
 import importlib.util
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -68,6 +69,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
     p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
+    p.add_argument(
+        "--range-ratio",
+        type=float,
+        default=0.0,
+        help="0: every prompt gets --max-tokens; R in (0, 1): prompt i gets a length drawn uniformly from "
+        "[max_tokens * (1 - R), max_tokens * (1 + R)] (seeded: the same for every method), as vLLM's "
+        "`vllm bench serve --random-range-ratio` varies output lengths. With one length for all, a batch's "
+        "requests finish together and the next ones are admitted together, which favours plain decoding (see "
+        "benchmarks/README.md)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with none)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests")
     p.add_argument(
@@ -116,6 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
     if min(args.concurrency, args.num_prompts, args.max_tokens, args.rounds) < 1:
         p.error("--concurrency, --num-prompts, --max-tokens and --rounds must be positive")
+    if not 0 <= args.range_ratio < 1:
+        p.error("--range-ratio must be in [0, 1)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
     if args.lookahead_config is not None:
@@ -175,11 +188,35 @@ def spec_counters(llm: Any) -> dict[str, Any]:
     return totals
 
 
+def length_bounds(args: argparse.Namespace) -> tuple[int, int]:
+    """The range prompts' max_tokens are drawn from: [L(1 - R), L(1 + R)] for --max-tokens L, --range-ratio R."""
+    lo = max(1, round(args.max_tokens * (1 - args.range_ratio)))
+    return lo, max(lo, round(args.max_tokens * (1 + args.range_ratio)))
+
+
+def output_lengths(args: argparse.Namespace, n: int) -> list[int]:
+    """Each of n prompts' max_tokens: --max-tokens, or with --range-ratio a seeded draw from `length_bounds` (the
+    same lengths for every method, as the prompts come in the same order)."""
+    if args.range_ratio <= 0:
+        return [args.max_tokens] * n
+    lo, hi = length_bounds(args)
+    rng = random.Random(0)
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def tokens_label(args: argparse.Namespace) -> str:
+    lo, hi = length_bounds(args)
+    return f"{lo}-{hi} tokens" if args.range_ratio > 0 else f"{args.max_tokens} tokens"
+
+
 def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: str) -> dict[str, Any]:
     from tqdm import tqdm
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
+    params = [
+        SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=n)
+        for n in output_lengths(args, len(prompts))
+    ]
     before = spec_counters(llm)
     per_prompt: list[dict[str, Any]] = []
     token_ids: list[list[int]] = []
@@ -187,7 +224,7 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
         elapsed = 0.0
         for prompt in tqdm(prompts, desc=label, unit="prompt"):
             t0 = time.perf_counter()
-            out = llm.generate([prompt], params, use_tqdm=False)[0]
+            out = llm.generate([prompt], params[len(token_ids)], use_tqdm=False)[0]
             dt = time.perf_counter() - t0
             elapsed += dt
             token_ids.append(list(out.outputs[0].token_ids))
@@ -493,6 +530,7 @@ def run_stem(args: argparse.Namespace) -> str:
     return (
         f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}_{mode}"
         f"_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
+        + (f"_r{args.range_ratio:g}" if args.range_ratio > 0 else "")
         + (f"_T{args.temperature:g}_p{args.top_p:g}" if args.temperature > 0 else "")
         + ("_vllm-runtime" if args.runtime == "vllm" else "")
         + ("_tree-kernel-off" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "")
@@ -526,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"
     title = (
         f"{Path(model).name}, {args.dtype}, {mode}, {how}, concurrency {args.concurrency}, "
-        f"{args.num_prompts} prompts x {args.max_tokens} tokens;\n{runtime}"
+        f"{args.num_prompts} prompts x {tokens_label(args)};\n{runtime}"
     )
     print(f"\n{title}\n")
     print(markdown_table(rows))
@@ -544,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency,
         "num_prompts": args.num_prompts,
         "max_tokens": args.max_tokens,
+        "range_ratio": args.range_ratio,
         "temperature": args.temperature,
         "top_p": args.top_p,
         "runtime": runtime,
