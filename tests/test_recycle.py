@@ -102,31 +102,30 @@ def test_no_guess_is_drafted_under_a_bar_none_can_clear():
     assert r.best_estimate(scale=100.0) == 1.0
 
 
-def test_the_table_is_taught_while_recycled_guesses_are_verified():
-    """The engine takes the target's top tokens along the verified paths (a top-k over every path row) only while
-    recycled guesses were verified in the last RECYCLE_IDLE_STEPS steps, and always under tensor parallelism."""
+def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
+    """The engine takes the target's top tokens along the verified paths (a top-k over every path row) only where the
+    last drafted step's bar (`score_floor`) was below what a recycled guess under x0 scores at best; an empty table
+    is taught too, and every rank always under tensor parallelism."""
     import torch
 
-    from vllm_lookahead.engine import RECYCLE_IDLE_STEPS, LookaheadEngine
+    from vllm_lookahead.engine import LookaheadEngine
     from vllm_lookahead.step import ScheduledTree
     from vllm_lookahead.tree import StepTree
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
     engine.states["a"] = LookaheadState(engine.params, [1, 2, 3], recycle=engine.recycle)
     logits = torch.randn(3, 300)
-    plain = StepTree.chain([5, 6, 7])
-    recycled = StepTree([5, 6, 7], [-1, 0, 1], [0, 1, 2], sources=[Source.ROOT, Source.RECYCLE, Source.RECYCLE])
+    scheduled = ScheduledTree("a", 0, 0, 3, StepTree.chain([5, 6, 7]), True)
 
-    def top(tree: StepTree, step: int) -> dict:
-        engine.stats.steps = step
-        scheduled = ScheduledTree("a", 0, 0, 3, tree, True)
+    def top(floor: float) -> dict:
+        engine._recycling_pays = engine._recycle_may_pay(floor)
         return engine._path_top(logits, [0], [(scheduled, None, [1], [6, 7], True)], {0: [0, 1]})
 
-    assert top(plain, 1)  # a new engine teaches it
-    assert top(plain, RECYCLE_IDLE_STEPS)
-    assert top(plain, RECYCLE_IDLE_STEPS + 1) == {}  # no recycled guess verified for longer
-    taught = top(recycled, 500)
+    assert not engine.recycle.table
+    best = engine.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1))
+    taught = top(best - 1e-6)
     assert taught[0] == logits[:2].topk(engine.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
-    assert top(plain, 500 + RECYCLE_IDLE_STEPS) and not top(plain, 501 + RECYCLE_IDLE_STEPS)
-    engine.ranks = 2
-    assert top(plain, 10_000)
+    assert top(best) == {}  # a large batch on a CPU: no recycled guess would be drafted
+    assert top(0.0)  # tensor parallelism: no bar
+    engine.recycle = None
+    assert top(0.0) == {}

@@ -53,11 +53,6 @@ logger = logging.getLogger("vllm_lookahead")
 
 
 SOURCE_NAMES = [s.name.lower() for s in Source if s != Source.ROOT]
-# The recycling table is taught (the target's top-k at every path row: 0.3 ms of a 42 ms step at 16 requests) while
-# recycled guesses are verified, and this many steps after the last: at a large batch on a CPU the sizing takes
-# none (2 accepted of 45 drafted in 3000 request-steps at 16 ShareGPT requests), and the table's guesses come back
-# when the batch shrinks. Under tensor parallelism every rank keeps teaching it, so that their tables stay equal.
-RECYCLE_IDLE_STEPS = 64
 # worker_stats' names of StepCost.coefficients()
 COST_KEYS = ("step_cost_fixed", "step_cost_per_request", "step_cost_per_draft", "step_cost_branch")
 
@@ -94,8 +89,8 @@ class LookaheadEngine:
         self.cost = StepCost(params.node_cost)
         self.suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests)
         self.recycle = TokenRecycler() if params.recycle_candidates else None
-        # The last step that verified a recycled guess (`_path_top`).
-        self._recycled_at = 0
+        # Whether the last drafted step's bar let recycled guesses in (`_recycle_may_pay`): the table is taught then.
+        self._recycling_pays = self.recycle is not None
         self.shared_pool = (
             NGramPool(params.ngram_size, params.guess_set_size, params.shared_pool_keys)
             if params.shared_pool_keys
@@ -335,12 +330,8 @@ class LookaheadEngine:
         self, logits: torch.Tensor, row0: list[int], verified: list, paths: dict[int, list[int]]
     ) -> dict[int, list[list[int]]]:
         """Per request index whose state recycles tokens: the target's top tokens (best first) at each row of its
-        path (x0 and the accepted nodes). None while no recycled guess was verified for RECYCLE_IDLE_STEPS steps."""
-        if self.recycle is None:
-            return {}
-        if any(Source.RECYCLE in s.tree.sources for s, *_ in verified):
-            self._recycled_at = self.stats.steps
-        if self.ranks == 1 and self.stats.steps - self._recycled_at > RECYCLE_IDLE_STEPS:
+        path (x0 and the accepted nodes). None where the last drafted step's bar kept recycled guesses out."""
+        if self.recycle is None or not self._recycling_pays:
             return {}
         want = [s.req_index for s, *_ in verified if (st := self.states.get(s.req_id)) is not None and st.recycle]
         if not want:
@@ -352,6 +343,19 @@ class LookaheadEngine:
             out[i] = top[at : at + len(paths[i])]
             at += len(paths[i])
         return out
+
+    def _recycle_may_pay(self, floor: float) -> bool:
+        """Whether a recycled guess under x0 could clear a step's bar (`score_floor`), as its depth-1 rate says: the
+        recycling table is taught only then. The target's top-k along every path costs 0.3 ms of a 42 ms step at 16
+        requests, where the bar keeps recycled guesses out (2 accepted of 45 drafted in some 3000 request-steps at 16
+        ShareGPT requests); the table stays for when the batch shrinks. The rule reads no table, so an empty one is
+        taught. Under tensor parallelism (floor 0) every rank always teaches it, so that their tables stay equal."""
+        if self.recycle is None:
+            return False
+        if floor <= 0:
+            return True
+        rate = max(self.acceptance.factor(Source.RECYCLE, 1), self.acceptance_sampled.factor(Source.RECYCLE, 1))
+        return self.recycle.best_estimate(rate) > floor
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
@@ -403,6 +407,7 @@ class LookaheadEngine:
             return drafts  # no room for a single draft token this step: the states have learned, nothing to build
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
         floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
+        self._recycling_pays = self._recycle_may_pay(floor)
         trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
         if self.ranks == 1:
             # Where the tree attention path costs more than its branches bring, each request's best chain alone.
