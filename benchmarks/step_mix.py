@@ -27,6 +27,7 @@ from typing import Any
 from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
 from _inprocess import engine as in_process_engine
 from _inprocess import prompts as set_prompts
+from bench_methods import tokens_label
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default="none,lookahead", help="comma list from: none, ngram, suffix, lookahead")
     add_common_args(p, dtype="float32", dataset="sharegpt", num_prompts=48, max_tokens=96)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--range-ratio", type=float, default=0.0, help="output lengths varied as bench_methods' --range-ratio"
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from bench_methods import METHODS
@@ -42,6 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [m for m in args.method_list if m not in ("none", "ngram", "suffix", "lookahead")]
     if bad or not args.method_list:
         p.error(f"--methods: unknown {bad}; choose from none, ngram, suffix, lookahead")
+    if not 0 <= args.range_ratio < 1:
+        p.error("--range-ratio must be in [0, 1)")
     if min(args.concurrency, args.num_prompts, args.max_tokens) < 1:
         p.error("--concurrency, --num-prompts and --max-tokens must be positive")
     args.configs = METHODS
@@ -70,7 +76,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     records.clear()
     phases.update(dict.fromkeys(phases, 0.0))
     start = time.perf_counter()
-    outs = llm.generate(prompts[:-2], SamplingParams(max_tokens=args.max_tokens, temperature=0), use_tqdm=False)
+    from bench_methods import output_lengths
+
+    lengths = output_lengths(args, len(prompts) - 2)
+    params = [SamplingParams(max_tokens=n, temperature=0) for n in lengths]
+    outs = llm.generate(prompts[:-2], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     records.append((time.perf_counter(), 0, 0, 0))
     steps = [(records[i + 1][0] - records[i][0], *records[i][1:]) for i in range(len(records) - 1) if records[i][1]]
@@ -186,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(json.loads(found[-1].removeprefix("STEP_MIX ")))
     print(
         f"\n### {args.dataset}, {args.dtype}, {args.concurrency} at a time, {args.num_prompts} prompts x "
-        f"{args.max_tokens} tokens\n"
+        f"{tokens_label(args)}\n"
     )
     print(table(rows))
     print()
