@@ -119,7 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--top", type=int, default=25, help="rows of each table")
     p.add_argument("--wall", action="store_true", help="time the plugin's functions by the clock, not cProfile")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.wall and args.method != "lookahead":
+        p.error("--wall times the plugin's functions: it needs --method lookahead")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,11 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if prof is not None:
         prof.enable()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    if prof is not None:
-        prof.disable()
+    try:
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+    finally:
+        if prof is not None:
+            prof.disable()
+        timer.restore()
     seconds = time.perf_counter() - t0
-    timer.restore()
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
     under = "timed by the clock" if args.wall else "under cProfile"

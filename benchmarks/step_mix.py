@@ -27,7 +27,7 @@ from typing import Any
 from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
 from _inprocess import engine as in_process_engine
 from _inprocess import prompts as set_prompts
-from bench_methods import tokens_label
+from bench_methods import output_lengths, tokens_label
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,8 +76,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     records.clear()
     phases.update(dict.fromkeys(phases, 0.0))
     start = time.perf_counter()
-    from bench_methods import output_lengths
-
     lengths = output_lengths(args, len(prompts) - 2)
     params = [SamplingParams(max_tokens=n, temperature=0) for n in lengths]
     outs = llm.generate(prompts[:-2], params, use_tqdm=False)
