@@ -197,7 +197,8 @@ def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained,
 
 def test_a_dear_step_drafts_no_nodes_at_all():
     """16 requests at a relative node cost of 0.03: no untrained pool n-gram (prior 0.3) or window slot clears
-    the bar (0.32), so none is even drafted; a likelier source's nodes (prompt lookup, prior 0.5) still are."""
+    the bar (0.32), so none is even drafted; a likelier source's nodes (prompt lookup on an 8-token match, prior
+    0.9) still are."""
     from vllm_lookahead.config import LookaheadParams
     from vllm_lookahead.state import LookaheadState
 
@@ -210,7 +211,7 @@ def test_a_dear_step_drafts_no_nodes_at_all():
     assert LookaheadState(params, prompt).build_tree(4, min_score=floor).num_nodes == 1
     lookup = LookaheadParams(suffix_candidates=0, lookup_candidates=1)
     tree = LookaheadState(lookup, prompt).build_tree(4, min_score=floor)
-    assert tree.num_nodes > 1 and set(tree.sources[1:]) == {Source.LOOKUP}
+    assert tree.num_nodes > 1 and set(tree.sources[1:]) == {Source.LOOKUP_LONG}
 
 
 def test_acceptance_rates_follow_verification():
@@ -339,3 +340,19 @@ def test_plan_step_never_expects_less_than_plain_decoding(cands, branch, batch):
     expected = batch + sum(sum(t.scores[1:k]) for t, k in zip(trees, sizes, strict=True))
     seconds = cost.seconds(batch, sum(sizes) - batch, branched)
     assert expected / seconds >= batch / cost.seconds(batch, 0) - 1e-9
+
+
+def test_max_factor_follows_every_observation():
+    """max_factor is remembered between observations (every request of a step asks it) and never stale after one."""
+    stats = AcceptanceStats()
+
+    def fresh(source: Source, depth: int) -> float:
+        return max(stats.factor(source, d) for d in range(1, depth + 1))
+
+    tree = build_step_tree(0, None, [Candidate([1, 2, 3], [0.5, 0.4, 0.3], Source.LOOKUP)])
+    first = stats.max_factor(Source.LOOKUP, 3)
+    assert first == fresh(Source.LOOKUP, 3)
+    for _ in range(50):
+        stats.observe(tree, [1, 2, 3])  # every node accepted: the factors rise
+        assert stats.max_factor(Source.LOOKUP, 3) == fresh(Source.LOOKUP, 3)
+    assert stats.max_factor(Source.LOOKUP, 3) > first

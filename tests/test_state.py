@@ -209,13 +209,13 @@ def test_memory_is_bounded_over_a_long_generation():
 
 def test_trees_are_scored_in_hindsight_beyond_what_a_step_verified():
     """A step that verifies only the first two nodes of a long prompt-lookup candidate still teaches the statistics
-    that its deeper nodes are accepted: the sequence went on through them (scored against the sequence once it
-    decided them, or when the sequence ends)."""
+    that its deeper nodes are accepted (it matches 10+ tokens of context: Source.LOOKUP_LONG): the sequence went on
+    through them (scored against the sequence once it decided them, or when the sequence ends)."""
     prompt = list(range(40)) + list(range(10))
     params = LookaheadParams(lookup_candidates=1, lookup_len=8, guess_set_size=0, suffix_candidates=0)
     state = LookaheadState(params, prompt)
     stats = state.stats
-    deep = stats.factor(Source.LOOKUP, 6)
+    deep = stats.factor(Source.LOOKUP_LONG, 6)
     x0 = 10
     for _ in range(4):
         tree = state.build_tree(x0)
@@ -228,10 +228,10 @@ def test_trees_are_scored_in_hindsight_beyond_what_a_step_verified():
     assert state.unscored  # the last trees' deep nodes are not decided yet
     state.close()
     assert not state.unscored
-    assert stats.factor(Source.LOOKUP, 6) > deep  # never verified, yet learned as accepted
+    assert stats.factor(Source.LOOKUP_LONG, 6) > deep  # never verified, yet learned as accepted
     prior = AcceptanceStats()
-    assert stats.factor(Source.LOOKUP, 8) > prior.factor(Source.LOOKUP, 8)
-    assert stats.factor(Source.LOOKUP, 9) == prior.factor(Source.LOOKUP, 9)  # no node that deep: untouched
+    assert stats.factor(Source.LOOKUP_LONG, 8) > prior.factor(Source.LOOKUP_LONG, 8)
+    assert stats.factor(Source.LOOKUP_LONG, 9) == prior.factor(Source.LOOKUP_LONG, 9)  # no node that deep: untouched
 
 
 @pytest.mark.parametrize("target", [periodic_target, chaotic_target])

@@ -43,6 +43,7 @@ PRIOR_RATE = {
     Source.LOOKUP_SHORT: 0.2,
     Source.RECYCLE: 1.0,  # its estimates are the rank's measured rate
     Source.SUFFIX_SHORT: 0.5,  # about half the library's estimate (suffix.SHORT_MATCH)
+    Source.LOOKUP_LONG: 0.9,
 }
 # What the window yields: accepted nodes of these sources.
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)
@@ -63,15 +64,21 @@ class AcceptanceStats:
         self._window_slots = PRIOR_WEIGHT
         # Decay without touching every entry per step: new observations weigh 1/DECAY more than the last ones.
         self._weight = 1.0
+        self._max_factors: dict[tuple[Source, int], float] = {}
 
     def factor(self, source: Source, depth: int) -> float:
         d = min(depth, MAX_DEPTH)
         return self._hits[source][d] / self._expected[source][d]
 
     def max_factor(self, source: Source, depth: int = MAX_DEPTH) -> float:
-        """The largest factor of a source at depths 1..depth."""
-        hits, expected = self._hits[source], self._expected[source]
-        return max(hits[d] / expected[d] for d in range(1, min(depth, MAX_DEPTH) + 1))
+        """The largest factor of a source at depths 1..depth (remembered until the next observation: every request
+        of a step asks, for each of its sources)."""
+        key = (source, depth)
+        out = self._max_factors.get(key)
+        if out is None:
+            hits, expected = self._hits[source], self._expected[source]
+            out = self._max_factors[key] = max(hits[d] / expected[d] for d in range(1, min(depth, MAX_DEPTH) + 1))
+        return out
 
     def path_scores(self, source: Source, estimates: Sequence[float] | None, length: int) -> list[float]:
         """Scores of a candidate path's `length` tokens (depth 1..length), given the source's own conditional
@@ -103,6 +110,7 @@ class AcceptanceStats:
         self._observe_nodes(tree, on, known)
 
     def _observe_nodes(self, tree: StepTree, taken: set[int], known: int | None) -> None:
+        self._max_factors.clear()
         self._weight /= DECAY
         if self._weight > 1e6:
             self._rescale()

@@ -3,14 +3,44 @@
 A second source of verification candidates next to the n-gram pool. Lookahead's step is a token tree, so such
 candidates hang in the same tree at no extra pass (and merge with the pool's where they share a prefix). Unlike
 the pool's fixed N-1 tokens they can be long, which is what repetitive text (code, quotes) rewards.
+
+Each candidate carries what says how far to trust it, as the suffix library's candidates do: how many tokens of
+context its occurrence matches (the index keys on the last 1-3 tokens, but an occurrence may match many more), and,
+per token, the share of the key's occurrences that agree with it there. Both separate good guesses from bad
+ones, on plain decoding's greedy outputs (float32, 60 prompts of each set, the most recent occurrence of the longest
+key): first tokens were right 0.22-0.23 of the time after a 1-token match, 0.53-0.54 after 2, 0.66-0.69 after 3,
+0.76-0.80 after 4-7, 0.86-0.89 after 8-15 and 0.96-0.98 after 16 or more (HumanEval, ShareGPT), and 0.72-0.77
+where every occurrence agreed against 0.10-0.41 where they did not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
+
+from vllm_lookahead.tree import Source
 
 # Positions kept per key: the most recent occurrences are the useful ones.
 _MAX_POSITIONS = 4
+# Context tokens an occurrence is compared over: enough to rank occurrences and to tell long matches.
+MATCH_CAP = 16
+# Matches of at most SHORT_MATCH tokens are Source.LOOKUP_SHORT, of at least LONG_MATCH Source.LOOKUP_LONG, the rest
+# Source.LOOKUP: each learns its own acceptance per depth.
+SHORT_MATCH = 2
+LONG_MATCH = 8
+LOOKUP_SOURCES = (Source.LOOKUP_SHORT, Source.LOOKUP, Source.LOOKUP_LONG)
+
+
+class LookupMatch(NamedTuple):
+    tokens: list[int]  # the continuation
+    matched: int  # context tokens its occurrence matches (at most MATCH_CAP)
+    estimates: list[float]  # per token: the share of the key's occurrences that agree with it up to there
+
+    @property
+    def source(self) -> Source:
+        if self.matched <= SHORT_MATCH:
+            return Source.LOOKUP_SHORT
+        return Source.LOOKUP_LONG if self.matched >= LONG_MATCH else Source.LOOKUP
 
 
 class LookupIndex:
@@ -42,24 +72,50 @@ class LookupIndex:
                     if len(pos) > _MAX_POSITIONS:
                         del pos[0]
 
-    def candidates(self, num: int, length: int) -> list[tuple[list[int], int]]:
-        """Up to `num` distinct continuations (each <= `length` tokens) of the sequence's end, each with the length
-        of the match it continues; longest match first, most recent occurrence first."""
+    def candidates(self, num: int, length: int) -> list[LookupMatch]:
+        """Up to `num` distinct continuations (each <= `length` tokens) of the sequence's end: those of the longest
+        key that occurred first, the occurrence matching the most context first (then the most recent)."""
         toks = self.tokens
         end = len(toks) - 1
         if num <= 0 or length <= 0 or end < 1:
             return []
-        out: list[tuple[list[int], int]] = []
+        out: list[LookupMatch] = []
         seen: set[tuple[int, ...]] = set()
         for m in range(min(self.max_match, end), 0, -1):
-            for p in reversed(self._index.get(tuple(toks[end - m + 1 :]), ())):
-                if p >= end:
-                    continue
-                cont = toks[p + 1 : p + 1 + length]
+            ends = [p for p in self._index.get(tuple(toks[end - m + 1 :]), ()) if p < end]
+            if not ends:
+                continue
+            conts = [toks[p + 1 : p + 1 + length] for p in ends]
+            matched = [self._matched(p, m) for p in ends]
+            for i in sorted(range(len(ends)), key=lambda i: (-matched[i], -ends[i])):
+                cont = conts[i]
                 key = tuple(cont)
-                if cont and key not in seen:
-                    seen.add(key)
-                    out.append((cont, m))
-                    if len(out) == num:
-                        return out
+                if key in seen:
+                    continue
+                seen.add(key)
+                out.append(LookupMatch(cont, matched[i], _agreement(cont, conts)))
+                if len(out) == num:
+                    return out
         return out
+
+    def _matched(self, p: int, m: int) -> int:
+        """Context tokens the occurrence ending at p matches (it matches the key's m), up to MATCH_CAP."""
+        toks = self.tokens
+        end = len(toks) - 1
+        k = m
+        while k < MATCH_CAP and p - k >= 0 and toks[p - k] == toks[end - k]:
+            k += 1
+        return k
+
+
+def _agreement(cont: list[int], conts: list[list[int]]) -> list[float]:
+    """Per token of cont: of the continuations that agree with it before that token (and reach it), the share that
+    also agree there (cont is one of them, so never 0)."""
+    out = []
+    alive = conts
+    for d, tok in enumerate(cont):
+        alive = [c for c in alive if len(c) > d]
+        agree = [c for c in alive if c[d] == tok]
+        out.append(len(agree) / len(alive))
+        alive = agree
+    return out

@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.lookup import LookupIndex
+from vllm_lookahead.lookup import LOOKUP_SOURCES, LookupIndex
 from vllm_lookahead.pool import NGramPool
 from vllm_lookahead.recycle import TokenRecycler
 from vllm_lookahead.suffix import SuffixCandidates
@@ -119,12 +119,11 @@ class LookaheadState:
             """Can a node of this source within `depth` clear the bar? A node scores at most its conditional
             estimate (below a parent another source made certain), so a source none of whose estimates clears it
             adds nothing the sizing would take, whatever it merges with."""
-            return min_score <= 0 or any(min(1.0, stats.factor(source, d)) > min_score for d in range(1, depth + 1))
+            return min_score <= 0 or min(1.0, stats.max_factor(source, depth)) > min_score
 
-        if self.lookup is not None and (worth(Source.LOOKUP, p.lookup_len) or worth(Source.LOOKUP_SHORT, p.lookup_len)):
-            longest = self.lookup.max_match
-            for c, matched in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
-                add(c, Source.LOOKUP if matched >= longest else Source.LOOKUP_SHORT)
+        if self.lookup is not None and any(worth(s, p.lookup_len) for s in LOOKUP_SOURCES):
+            for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
+                add(c.tokens, c.source, c.estimates)
         n1 = p.ngram_size - 1
         if worth(Source.POOL, n1) or worth(Source.JACOBI, n1):
             for value, by_window in self.pool.get_with_origin(x0):

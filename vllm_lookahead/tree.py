@@ -32,20 +32,21 @@ class Source(IntEnum):
     """Where a node came from (a merged node keeps the source with the highest conditional estimate there)."""
 
     ROOT = 0
-    LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens (the longest match)
+    LOOKUP = 1  # prompt lookup: the continuation of an earlier occurrence of the last tokens (matching 3-7 of them)
     POOL = 2  # the n-gram pool: n-grams of the prompt and the output
     JACOBI = 3  # the n-gram pool: n-grams the Jacobi window found before the text showed them
     SUFFIX = 4  # suffix trees over the prompt, the output and earlier requests' outputs
     WINDOW = 5  # a Jacobi window slot
     SHARED = 6  # the n-gram pool shared by all requests (what earlier requests saw and found)
-    # prompt lookup on a shorter match than the index keeps (the last 1-2 tokens): far less often right, so scored
-    # apart (`benchmarks/tree_calibration.py --no-floor`, HumanEval, float32, at 973cdec: first tokens accepted 0.13
-    # against 0.88 for the longest match)
+    # prompt lookup on a match of the last 1-2 tokens only: far less often right, so scored apart
+    # (`benchmarks/tree_calibration.py --no-floor`, HumanEval, float32, at 973cdec: first tokens accepted 0.13
+    # against 0.88 for a 3-token match; lookup.SHORT_MATCH)
     LOOKUP_SHORT = 7
     RECYCLE = 8  # token recycling: the target's own top-k after each token, from earlier steps (recycle.py)
     # a suffix-tree speculation matched on the context's last 1-2 tokens only: the library's estimates run high
     # there and low on long matches, so scored apart (suffix.SHORT_MATCH)
     SUFFIX_SHORT = 9
+    LOOKUP_LONG = 10  # prompt lookup whose occurrence matches 8 or more tokens of context: nearly always right
 
 
 @dataclass(frozen=True)
