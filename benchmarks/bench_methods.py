@@ -45,6 +45,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-reference": {"method": "lookahead"},
     # Lookahead without token recycling (the source's before/after in one run).
     "lookahead-norecycle": {"method": "lookahead", "recycle_candidates": 0},
+    # Lookahead without prompt lookup (its suffix trees cover the same text): the source's before/after in one run.
+    "lookahead-nolookup": {"method": "lookahead", "lookup_candidates": 0},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
