@@ -9,7 +9,8 @@ At every output position of every request (the prompt and the output so far inde
 `LookupIndex` holds them), the index's first candidate (`lookup_candidates` 1, the default) is compared with the
 token that came next. The rows say what `lookup.py`'s sources and estimates rest on: the share of first tokens that
 were right, by the occurrence's matched context (1, 2, 3, 4-7, 8-15, 16+ tokens: `MATCH_CAP`) and by its first
-token's estimate (the share of the key's occurrences that agree with it: all, or not all).
+token's estimate (the share of the key's occurrences that agree with it: all, or not all), and by whether the suffix
+trees' speculation at the same position offers that token too (offers it, offers other first tokens, offers none).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BUCKETS = ((1, 1), (2, 2), (3, 3), (4, 7), (8, 15), (16, 16))
+SUFFIX_ROWS = ("offers it", "offers others", "offers none")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,22 +41,42 @@ def bucket(matched: int) -> str:
     raise ValueError(f"matched context out of range: {matched}")
 
 
-def calibrate(requests: Sequence[Sequence[Sequence[int]]], length: int = 8) -> dict[tuple[str, str], list[int]]:
-    """(("matched", bucket) or ("agree", "all"/"not all")) -> [candidates, first tokens right]."""
+def calibrate(
+    requests: Sequence[Sequence[Sequence[int]]], length: int = 8, with_suffix: bool = True
+) -> dict[tuple[str, str], list[int]]:
+    """(("matched", bucket), ("agree", "all"/"not all") or ("suffix", SUFFIX_ROWS)) -> [candidates, first tokens
+    right]. The suffix rows (when `with_suffix` and arctic_inference is installed): whether the suffix trees'
+    speculation at the same position (the request's prompt and output, and the earlier requests' outputs, as the
+    engine keeps them) offers the candidate's first token among its first tokens."""
+    from vllm_lookahead.config import LookaheadParams
     from vllm_lookahead.lookup import LookupIndex
+    from vllm_lookahead.suffix import SuffixCandidates
 
+    params = LookaheadParams()
+    suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if with_suffix else None
     out: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for prompt, output, *_ in requests:
+    for rid, (prompt, output, *_) in enumerate(requests):
         index = LookupIndex(list(prompt))
+        if suffix is not None:
+            suffix.start(rid, list(prompt))
         for t, tok in enumerate(output):
             cands = index.candidates(1, length) if t else []
             if cands:
                 c = cands[0]
                 right = int(c.tokens[0] == tok)
-                for key in (("matched", bucket(c.matched)), ("agree", "all" if c.estimates[0] == 1.0 else "not all")):
+                keys = [("matched", bucket(c.matched)), ("agree", "all" if c.estimates[0] == 1.0 else "not all")]
+                if suffix is not None:
+                    spec = suffix.candidates(rid, index.tokens[-params.suffix_depth :], params.suffix_candidates)
+                    firsts = {s.tokens[0] for s in spec}
+                    keys.append(("suffix", SUFFIX_ROWS[0 if c.tokens[0] in firsts else 1 if firsts else 2]))
+                for key in keys:
                     out[key][0] += 1
                     out[key][1] += right
             index.extend([tok])
+            if suffix is not None:
+                suffix.extend(rid, [tok])
+        if suffix is not None:
+            suffix.stop(rid)
     return dict(out)
 
 
@@ -69,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     for ds, requests in data.items():
         table = calibrate(requests, args.lookup_len)
         order = [("matched", bucket(lo)) for lo, _ in BUCKETS] + [("agree", "all"), ("agree", "not all")]
+        order += [("suffix", row) for row in SUFFIX_ROWS]
         for key in order:
             if key in table:
                 n, right = table[key]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.lookup_calibration import calibrate, main
 
 
@@ -21,6 +23,17 @@ def test_a_long_repeat_is_counted_right_and_a_short_match_that_misleads_wrong():
     assert sum(n for (by, _), (n, _) in table.items() if by == "agree") == sum(
         n for (by, _), (n, _) in table.items() if by == "matched"
     )
+
+
+def test_every_candidate_is_classed_by_the_suffix_speculation_beside_it():
+    pytest.importorskip("arctic_inference")
+    run = list(range(100, 120))
+    table = calibrate([(run, run), ([7, 1], [7, 2, 7, 3, 7, 4, 7, 5])])
+    counted = sum(n for (by, _), (n, _) in table.items() if by == "matched")
+    assert sum(n for (by, _), (n, _) in table.items() if by == "suffix") == counted
+    n, right = table[("suffix", "offers it")]  # the copied run: the suffix tree continues it as lookup does
+    assert n > 0 and right > 0
+    assert ("suffix", "offers it") not in calibrate([(run, run)], with_suffix=False)
 
 
 def test_main_prints_a_row_per_bucket(tmp_path, capsys):
