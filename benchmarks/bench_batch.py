@@ -47,18 +47,21 @@ def run_level(args: argparse.Namespace, rest: list[str], c: int) -> list[dict[st
 
 
 def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
-    """Lookahead's step-cost fit at the end of the row's run (ms: fixed + per request R + per draft D + the branch
-    price B) and the bar a first node's score had to clear at this concurrency C (`sizing.score_floor`):
-    C * per_draft / (fixed + C * per_request + branch)."""
+    """Lookahead's step-cost fit at the end of the row's run (ms: fixed + per request R + per token below the knee
+    (up to K tokens) + per token past it + the branch price B, `sizing.CostModel`) and the bar a first node's score
+    had to clear at this concurrency C (`sizing.score_floor`)."""
     stats = r.get("lookahead_stats")
-    if not stats or "step_cost_per_draft" not in stats:
+    if not stats or "step_cost_knee" not in stats:
         return None
     from vllm_lookahead.engine import COST_KEYS
     from vllm_lookahead.sizing import StepCost, score_floor
 
     cost = StepCost.frozen([stats[k] for k in COST_KEYS])
-    a, per_req, per_draft, branch = cost.coefficients()
-    fit = f"{1e3 * a:.1f} + {1e3 * per_req:.2f} R + {1e3 * per_draft:.2f} D + {1e3 * branch:.1f} B"
+    m = cost.coefficients()
+    fit = (
+        f"{1e3 * m.fixed:.1f} + {1e3 * m.per_request:.2f} R + {1e3 * m.per_draft_below:.2f} per token to "
+        f"{m.knee}, {1e3 * m.per_draft:.2f} past + {1e3 * m.branch:.1f} B"
+    )
     return fit, score_floor(cost, r["concurrency"])
 
 

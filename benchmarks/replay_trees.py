@@ -38,6 +38,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-factor", type=float, default=None, help="vllm_lookahead.suffix.SPEC_FACTOR for the run")
     p.add_argument("--fixed", type=float, default=0.035, help="seconds of a one-request step without drafts")
     p.add_argument("--per-token", type=float, default=0.001, help="seconds per request and per draft token")
+    p.add_argument(
+        "--knee",
+        type=int,
+        default=1,
+        help="tokens a step computes up to which a token costs --per-token-below instead (1: a straight line)",
+    )
+    p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
     return p.parse_args(argv)
 
 
@@ -74,12 +81,18 @@ def generate(path: Path, num_prompts: int) -> None:
     print(f"saved {path}")
 
 
+def cost_model(fixed: float, per_token: float, knee: int = 1, below: float | None = None) -> tuple:
+    """`sizing.CostModel`'s coefficients: `fixed` plus `per_token` per request and draft token (`below` each up to
+    `knee` tokens a step)."""
+    return (fixed, 0.0, per_token, 0.0, knee, per_token if below is None else below)
+
+
 def replay(
     requests: Sequence[Sequence[Sequence]],
     params: object,
-    fixed: float,
-    per_token: float,
+    model: Sequence[float],
     warm: int = 0,
+    truth: Sequence[float] | None = None,
 ) -> tuple[float, float, float]:
     """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
     (prompt, greedy output[, the target's top tokens at each output position]) replayed in order through one
@@ -93,7 +106,8 @@ def replay(
     from vllm_lookahead.verify import greedy_verify
 
     stats = AcceptanceStats()
-    cost = StepCost.frozen((fixed, per_token, per_token, 0.0))
+    cost = StepCost.frozen(model)
+    paid = cost if truth is None else StepCost.frozen(truth)
     suffix = (
         SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
     )
@@ -123,7 +137,7 @@ def replay(
                 steps += 1
                 tokens += len(new)
                 drafts += sizes[0] - 1
-                seconds += cost.seconds(1, sizes[0] - 1)
+                seconds += paid.seconds(1, sizes[0] - 1)
         state.close()
         if made != list(output):
             raise AssertionError(f"replay of request {rid} differs from its output")
@@ -145,14 +159,16 @@ def main(argv: list[str] | None = None) -> int:
         suffix.SPEC_FACTOR = args.spec_factor
     params = LookaheadParams.from_mapping(json.loads(args.lookahead_config or "{}"))
     data = json.loads(args.sequences.read_text())
+    knee = "" if args.knee <= 1 else f" past {args.knee} tokens, {args.per_token_below} s up to them"
     print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
-          f"{args.fixed} s + {args.per_token} s per request and draft token\n")  # fmt: skip
+          f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
     print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
     print("|---|---|---|---|---|")
     for ds in DATASETS:
         requests = data[ds]
         # the last request is the warm-up, replayed first
-        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, args.fixed, args.per_token, warm=1)
+        model = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
+        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, model, warm=1)
         print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
     return 0
 

@@ -12,7 +12,10 @@ steps that also prefill (their time and prefill tokens), and a least-squares fit
 its requests, drafts and prefill tokens (ms). A speculative method makes fewer request-steps; how much of that shows
 in tokens/s depends on how full its batches stay and what its steps cost, which this table shows. A second table
 splits a step's time by the model runner's phases (timed around its methods): the forward, the rest of running the
-model (inputs, logits), sampling and verification, and drafting the next step's drafts.
+model (inputs, logits), sampling and verification, and drafting the next step's drafts. A third splits the decode-only
+steps by the draft tokens they computed (median ms and count per draft count): where a step's cost starts to grow
+with its tokens (on this CPU at batch 1, past about 6 tokens), the knee `sizing.StepCost` fits; the same is drawn
+in `--out`/step_mix_<dataset>_<dtype>_c<concurrency>.png.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
 from _inprocess import engine as in_process_engine
 from _inprocess import prompts as set_prompts
 from bench_methods import output_lengths, tokens_label
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--range-ratio", type=float, default=0.0, help="output lengths varied as bench_methods' --range-ratio"
     )
+    p.add_argument("--out", default=str(RESULTS), help="folder of the plot of step time by draft tokens")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     from bench_methods import METHODS
@@ -101,6 +108,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         "decode_s": sum(s[0] for s in decode),
         "decode_request_steps": sum(s[1] for s in decode),
         "decode_drafts": sum(s[2] for s in decode),
+        "by_drafts": by_drafts(decode),
         "mixed_steps": len(mixed),
         "mixed_s": sum(s[0] for s in mixed),
         "mixed_request_steps": sum(s[1] for s in mixed),
@@ -132,6 +140,66 @@ def time_phases() -> dict[str, float]:
     for name in PHASES:
         setattr(GPUModelRunner, name, timed(name, getattr(GPUModelRunner, name)))
     return spent
+
+
+def by_drafts(steps: list[tuple[float, int, int, int]]) -> dict[int, tuple[float, int]]:
+    """Steps (seconds, requests, drafts, prefill tokens) by their draft tokens: median ms and count."""
+    import numpy as np
+
+    out: dict[int, tuple[float, int]] = {}
+    for d in sorted({s[2] for s in steps}):
+        t = [s[0] for s in steps if s[2] == d]
+        out[d] = (round(float(np.median(t)) * 1e3, 2), len(t))
+    return out
+
+
+# Draft-count columns of the table: single counts, then wider ranges.
+DRAFT_BINS = ((0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 8), (9, 12), (13, 16), (17, 24), (25, 10**9))
+
+
+def drafts_table(rows: list[dict[str, Any]]) -> str:
+    """Decode-only steps' median ms by draft tokens (count in brackets; a range's median over its steps' medians,
+    weighted by their counts, the lower middle one)."""
+    names = [f"{a}" if a == b else (f"{a}+" if b > 10**8 else f"{a}-{b}") for a, b in DRAFT_BINS]
+    lines = ["| method | " + " | ".join(f"{n} drafts" for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for r in rows:
+        cells = []
+        for a, b in DRAFT_BINS:
+            got = [(ms, n) for d, (ms, n) in r["by_drafts"].items() if a <= int(d) <= b]
+            count = sum(n for _, n in got)
+            if not count:
+                cells.append("")
+                continue
+            flat = sorted(ms for ms, n in got for _ in range(n))
+            cells.append(f"{flat[(len(flat) - 1) // 2]:.1f} ({count})")
+        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Median step time against draft tokens per method, each point's area by its number of steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in rows:
+        pts = sorted((int(d), ms, n) for d, (ms, n) in r["by_drafts"].items())
+        if not pts:
+            continue
+        xs, ys, ns = zip(*pts, strict=True)
+        line = ax.plot(xs, ys, alpha=0.5)[0]
+        ax.scatter(xs, ys, s=[8 + 200 * n / max(ns) for n in ns], color=line.get_color(), label=r["method"])
+    ax.set_xlabel("draft tokens in the step")
+    ax.set_ylabel("decode-only step, median ms")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def step_fit(steps: list[tuple[float, int, int, int]]) -> list[float]:
@@ -199,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print()
     print(phase_table(rows))
+    print()
+    print(drafts_table(rows))
+    path = Path(args.out) / f"step_mix_{args.dataset}_{args.dtype}_c{args.concurrency}.png"
+    plot(rows, path, f"{args.dataset}, {args.dtype}, {args.concurrency} at a time: step time by draft tokens")
+    print(f"\nplot: {path}")
     return 0
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.replay_trees import replay
+from benchmarks.replay_trees import cost_model, replay
 from vllm_lookahead.config import LookaheadParams
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
@@ -13,11 +13,11 @@ PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
 def test_replay_reproduces_the_outputs_and_drafts_what_repeats():
     params = LookaheadParams(suffix_candidates=0)
     repeating = [(PERIOD[:6], (PERIOD * 10)[6:100])]
-    per_step, nodes, rate = replay(repeating, params, fixed=0.035, per_token=0.001)
+    per_step, nodes, rate = replay(repeating, params, cost_model(0.035, 0.001))
     assert per_step > 2.0 and nodes > 1.0 and rate > 1 / 0.035
     # a text with nothing to copy: no draft pays, one token per step, the plain rate
     fresh = [([1, 2], list(range(10, 90)))]
-    assert replay(fresh, params, fixed=0.035, per_token=0.001)[0] == pytest.approx(1.0, abs=0.05)
+    assert replay(fresh, params, cost_model(0.035, 0.001))[0] == pytest.approx(1.0, abs=0.05)
 
 
 def test_a_replay_that_does_not_match_its_output_is_refused(monkeypatch):
@@ -31,7 +31,7 @@ def test_a_replay_that_does_not_match_its_output_is_refused(monkeypatch):
 
     monkeypatch.setattr(verify, "greedy_verify", wrong)
     with pytest.raises(AssertionError, match="differs"):
-        replay([(PERIOD[:6], (PERIOD * 3)[6:30])], LookaheadParams(suffix_candidates=0), 0.035, 0.001)
+        replay([(PERIOD[:6], (PERIOD * 3)[6:30])], LookaheadParams(suffix_candidates=0), cost_model(0.035, 0.001))
 
 
 def test_replay_feeds_token_recycling_the_top_tokens_it_is_given():
@@ -52,7 +52,7 @@ def test_replay_feeds_token_recycling_the_top_tokens_it_is_given():
     # the target's top tokens at the row that produced output[j]: the right one first, then two others
     tops = [[output[j], 50 + j % 7, 60] for j in range(len(output))]
     assert seq[len(prompt) :] == output
-    with_tops = replay([(prompt, output, tops)], params, fixed=0.035, per_token=0.0001)[0]
-    without = replay([(prompt, output)], params, fixed=0.035, per_token=0.0001)[0]
+    with_tops = replay([(prompt, output, tops)], params, cost_model(0.035, 0.0001))[0]
+    without = replay([(prompt, output)], params, cost_model(0.035, 0.0001))[0]
     assert without == pytest.approx(1.0)
     assert with_tops > 1.3  # (PERIOD repeats tokens with other successors: the table holds the last)

@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.acceptance import AcceptanceStats
-from vllm_lookahead.sizing import BRANCH_PRIOR_WEIGHT, DECAY, StepCost, choose_sizes, plan_step, score_floor
+from vllm_lookahead.sizing import (
+    BRANCH_PRIOR_WEIGHT,
+    DECAY,
+    KNEES,
+    StepCost,
+    choose_sizes,
+    plan_step,
+    score_floor,
+)
 from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
 
 
@@ -65,7 +73,8 @@ def _shrunk(price: float, steps: float, branched: float) -> float:
 
 def test_step_cost_learns_its_terms_and_a_fixed_one_stays():
     """Requests, drafts and the branch price apart: a draft token is cheaper than a request (no attention over a
-    long context of its own), and steps whose trees branch pay a price of their own."""
+    long context of its own), and steps whose trees branch pay a price of their own. A straight line is fitted as
+    one: both slopes of the knee's fit are the draft's price."""
     cost = StepCost()
     rng = random.Random(0)
     steps = branched = 0.0  # the steps' and the branched steps' weights in the fit, as they decay
@@ -73,15 +82,74 @@ def test_step_cost_learns_its_terms_and_a_fixed_one_stays():
         r, d, b = rng.randint(1, 16), rng.randint(0, 40), rng.random() < 0.4
         cost.observe(r, d, b, 0.020 + 0.0015 * r + 0.0005 * d + 0.004 * b + rng.uniform(-0.0005, 0.0005))
         steps, branched = steps * DECAY + 1, branched * DECAY + b
-    fixed, per_request, per_draft, branch = cost.coefficients()
-    assert fixed == pytest.approx(0.020, rel=0.1) and per_request == pytest.approx(0.0015, rel=0.1)
-    assert per_draft == pytest.approx(0.0005, rel=0.1)
+    m = cost.coefficients()
+    assert m.per_draft == pytest.approx(0.0005, rel=0.1)
+    assert m.knee == 1 or m.per_draft_below == pytest.approx(0.0005, rel=0.1)
+    for r, d in ((1, 0), (1, 30), (8, 5), (16, 40)):
+        assert cost.seconds(r, d) == pytest.approx(0.020 + 0.0015 * r + 0.0005 * d, rel=0.05)
+        assert cost.marginal(r, d) == pytest.approx(0.0005, rel=0.1)
     # the price the branched steps measure, pulled toward the prior's 0 as BRANCH_PRIOR_WEIGHT more steps would
-    assert branch == pytest.approx(_shrunk(0.004, steps, branched), rel=0.1)
+    assert m.branch == pytest.approx(_shrunk(0.004, steps, branched), rel=0.1)
     assert cost.seconds(4, 10, True) == pytest.approx(0.020 + 0.006 + 0.005 + 0.004, rel=0.05)
     frozen = StepCost(relative_node_cost=0.1)
     frozen.observe(10, 0, False, 5.0)
-    assert frozen.coefficients() == (1.0, 0.1, 0.1, 0.0)
+    assert frozen.coefficients() == (1.0, 0.0, 0.1, 0.0, 1, 0.1)
+    assert frozen.seconds(3, 7) == pytest.approx(2.0)  # 1 + 0.1 per request or draft
+
+
+@pytest.mark.parametrize("knee", [4, 6, 12, 96])
+def test_step_cost_finds_where_tokens_start_to_cost(knee):
+    """A step bound by reading the weights costs about the same for a few tokens and then a price per token (this
+    CPU at batch 1: flat to about 6 tokens, then about 1.3 ms a token; a GPU: flat to about a hundred). The fit finds
+    the knee among KNEES, and the marginal price is the slope on each side of it (each pulled a little toward the
+    prior's, most where few step sizes lie below the knee)."""
+    cost = StepCost()
+    rng = random.Random(knee)
+
+    def truth(r: int, d: int) -> float:
+        t = r + d
+        return 0.030 + 0.0001 * min(t, knee) + 0.0013 * max(0, t - knee)
+
+    for _ in range(800):
+        r, d = rng.choice((1, 1, 1, 2, 4)), rng.randint(0, 2 * knee)
+        cost.observe(r, d, False, truth(r, d) * rng.uniform(0.97, 1.03))
+    m = cost.coefficients()
+    assert m.knee in KNEES and abs(m.knee - knee) <= max(1, knee // 4)
+    assert m.per_draft == pytest.approx(0.0013, rel=0.2) and m.per_draft_below < 0.5 * m.per_draft
+    assert cost.marginal(1, 0) == m.per_draft_below and cost.marginal(1, 2 * knee) == m.per_draft
+    for d in (0, knee // 2, knee, 2 * knee):
+        assert cost.seconds(1, d) == pytest.approx(truth(1, d), rel=0.05)
+
+
+def test_below_the_knee_trees_grow_and_past_it_each_node_pays_its_price():
+    """Tokens that cost nothing up to the knee are taken whatever their score; past it a node must clear the bar
+    that the price per token sets (p > yield * price / step)."""
+    tree = _tree([0.9, 0.5, 0.2, 0.05, 0.04, 0.03, 0.02, 0.01])
+    line = StepCost.frozen((0.030, 0.0, 0.0015, 0.0, 1, 0.0015))
+    knee = StepCost.frozen((0.030, 0.0, 0.0015, 0.0, 6, 0.0))
+    assert choose_sizes([tree], [100], 1, line, budget=100).sizes == [4]  # 0.05 * 0.0315 > 2.6 * 0.0015 no more
+    assert choose_sizes([tree], [100], 1, knee, budget=100).sizes == [6]  # 5 drafts and the root: 6 tokens free
+    # the bar where the first node is priced: below the knee nothing is too unlikely to draft
+    assert score_floor(knee, 1) == 0.0 and score_floor(line, 1) > 0.0
+    # sixteen requests are past the knee: the price applies from the first draft
+    assert score_floor(knee, 16) == pytest.approx(16 * 0.0015 / knee.seconds(16, 0))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    knee=st.sampled_from([1, 3, 6, 16, 128]),
+    below=st.sampled_from([0.0, 0.0002, 0.001]),
+    requests=st.integers(1, 20),
+    scores=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40),
+)
+def test_the_chosen_size_is_the_best_rate(knee, below, requests, scores):
+    """The cost is convex in the drafts, so the node-by-node search stops at the size with the best expected
+    tokens per second: no other size of the same best-first nodes does better."""
+    tree = _tree(sorted(scores, reverse=True))
+    cost = StepCost.frozen((0.03, 0.001, 0.002, 0.0, knee, below))
+    chosen = choose_sizes([tree], [100], requests, cost, budget=100)
+    rates = [(requests + sum(tree.scores[1:k])) / cost.seconds(requests, k - 1) for k in range(1, tree.num_nodes + 1)]
+    assert chosen.rate == pytest.approx(max(rates), rel=1e-9)
 
 
 def test_an_unmeasured_branch_price_decays_so_trees_are_tried_again():
@@ -112,7 +180,7 @@ def test_one_slow_branched_step_does_not_price_branching_out():
         d = rng.randint(0, 30)
         cost.observe(16, d, False, seconds(d))
     cost.observe(16, 31, True, seconds(31) + 0.046)
-    _, _, per_draft, branch = cost.coefficients()
+    per_draft, branch = cost.coefficients().per_draft, cost.coefficients().branch
     assert branch <= 0.046 / (BRANCH_PRIOR_WEIGHT + 1) + 0.001 and branch < per_draft
     for _ in range(60):  # then branched steps that cost what chains cost: the price returns toward 0
         d = rng.randint(0, 30)

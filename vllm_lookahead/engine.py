@@ -54,7 +54,14 @@ logger = logging.getLogger("vllm_lookahead")
 
 SOURCE_NAMES = [s.name.lower() for s in Source if s != Source.ROOT]
 # worker_stats' names of StepCost.coefficients()
-COST_KEYS = ("step_cost_fixed", "step_cost_per_request", "step_cost_per_draft", "step_cost_branch")
+COST_KEYS = (
+    "step_cost_fixed",
+    "step_cost_per_request",
+    "step_cost_per_draft",
+    "step_cost_branch",
+    "step_cost_knee",
+    "step_cost_per_draft_below_knee",
+)
 
 
 @dataclass

@@ -1,15 +1,21 @@
 """How many tree nodes each request's step carries: as many as raise the expected tokens per second.
 
-A decoding step with R requests and D draft tokens costs c = fixed + per_request * R + per_draft * D + branch * B
-seconds, where B is 1 when a scheduled tree branches (`StepCost`, fitted to the engine's own steps, so it follows
-the machine, model, dtype and batch). B is the tree attention path's own price: on a CPU a branched tree runs the
-tree kernel beside vLLM's kernel on the other rows, layer by layer, where a chain of drafts runs vLLM's kernel
-alone. Its requests yield R tokens for sure plus, in expectation, the scores of their draft nodes (each node's
-probability of being accepted). Adding a node of score p pays iff (Y + p) / (c + per_draft) > Y / c, i.e.
-p > Y * per_draft / c, where Y is the yield so far. `choose_sizes` adds nodes across all requests in descending
-score while they pay: small trees where tokens are dear (a CPU, a large batch), large ones where they are nearly
-free (a GPU), none where nothing is likely enough. `plan_step` weighs the trees against each request's best chain
-alone, which saves the branch price.
+A decoding step with R requests and D draft tokens computes T = R + D tokens and costs
+c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B seconds,
+where B is 1 when a scheduled tree branches (`StepCost`, fitted to the engine's own steps, so it follows the
+machine, model, dtype and batch). Up to the knee a step is bound by reading the weights, and a token more costs
+little (per_draft_below); past it by arithmetic, and each token costs per_draft. On this 2-core CPU at batch 1 a
+step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms (`benchmarks/step_mix.py`'s
+steps by draft count); on a GPU the knee lies near a hundred tokens. B is the tree attention path's own price: on a
+CPU a branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer by layer, where a chain of
+drafts runs vLLM's kernel alone. Its requests yield R tokens for sure plus, in expectation, the scores of their
+draft nodes (each node's probability of being accepted). Adding a node of score p pays iff (Y + p) / (c + m) > Y / c,
+i.e. p > Y * m / c, where Y is the yield so far and m the price of one more token (`StepCost.marginal`). The cost
+is convex in D (per_draft >= per_draft_below), so the bar only rises as nodes are taken and the first node that
+does not pay ends the search. `choose_sizes` adds nodes across all requests in descending score while they pay:
+small trees where tokens are dear (a CPU, a large batch), large ones where they are nearly free (a GPU, or a CPU
+below its knee), none where nothing is likely enough. `plan_step` weighs the trees against each request's best
+chain alone, which saves the branch price.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,64 +42,110 @@ PRIOR_SPREAD = 8.0
 # AVX-512"), where a price nothing measures only fades.
 BRANCH_PRIOR_WEIGHT = 16.0
 DECAY = 0.995  # per observed step: about two hundred steps of memory
+# The knees tried (tokens a step computes): each has its own fit, and the one that fits the recent steps best is used.
+# A knee of 1 is the straight line (every token at per_draft).
+KNEES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+class CostModel(NamedTuple):
+    """c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B."""
+
+    fixed: float
+    per_request: float
+    per_draft: float  # a token's price past the knee
+    branch: float
+    knee: int = 1
+    per_draft_below: float = 0.0  # a token's price up to the knee
+
+    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
+        t = requests + drafts
+        k = self.knee
+        below = min(t, k) * self.per_draft_below + max(0, t - k) * self.per_draft
+        return max(self.fixed + self.per_request * requests + below + (self.branch if branched else 0.0), 1e-9)
+
+    def marginal(self, requests: int, drafts: int) -> float:
+        """What one draft token more costs a step that computes requests + drafts tokens."""
+        return self.per_draft_below if requests + drafts < self.knee else self.per_draft
 
 
 class StepCost:
-    """c(R, D, B) = fixed + per_request * R + per_draft * D + branch * B, a weighted least-squares fit over recent
-    steps, each slope pulled toward a prior (per_request = per_draft = PRIOR_SLOPE * fixed as the first step
-    suggests, branch = 0, worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about it: a branch
-    price that no recent step measured decays to 0, so trees are tried again and measured afresh.
-    `relative_node_cost` fixes the costs instead (1 + relative_node_cost per request or draft, no branch price),
-    for reproducible tree sizes; `frozen` fixes any coefficients (e.g. a run's fitted ones, read back from its
-    stats)."""
+    """The step's cost (`CostModel`) as a weighted least-squares fit over recent steps, one per knee of KNEES, of
+    which the one with the least weighted squared error (and a convex cost: per_draft >= per_draft_below) is used.
+    Each slope is pulled toward a prior (per_draft = per_draft_below = PRIOR_SLOPE * fixed as the first step
+    suggests, per_request = 0, branch = 0 worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about
+    it: a branch price that no recent step measured decays to 0, so trees are tried again and measured afresh.
+    `relative_node_cost` fixes the costs instead (1 + relative_node_cost per request or draft, no knee, no branch
+    price), for reproducible tree sizes; `frozen` fixes any coefficients (e.g. a run's fitted ones, read back from
+    its stats)."""
 
     def __init__(self, relative_node_cost: float | None = None) -> None:
         s = relative_node_cost
-        self._frozen: tuple[float, float, float, float] | None = None if s is None else (1.0, s, s, 0.0)
-        self._xtx = np.zeros((4, 4))
-        self._xty = np.zeros(4)
+        self._frozen: CostModel | None = None if s is None else CostModel(1.0, 0.0, s, 0.0, 1, s)
+        n = len(KNEES)
+        self._knees = np.array(KNEES, dtype=float)
+        self._xtx = np.zeros((n, 5, 5))
+        self._xty = np.zeros((n, 5))
+        self._yy = 0.0
         self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
-        self._fit: tuple[float, float, float, float] | None = None  # solved once per observation
+        self._fit: CostModel | None = None  # solved once per observation
 
     def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
         if self._frozen is not None or seconds <= 0 or requests <= 0:
             return
+        t = requests + drafts
         if self._prior is None:
-            self._prior = seconds / (1 + PRIOR_SLOPE * (requests + drafts)) * PRIOR_SLOPE
-        x = np.array([1.0, requests, drafts, float(branched)])
-        self._xtx = self._xtx * DECAY + np.outer(x, x)
+            self._prior = seconds / (1 + PRIOR_SLOPE * t) * PRIOR_SLOPE
+        k = self._knees
+        n = len(k)
+        x = np.column_stack(
+            [np.ones(n), np.full(n, float(requests)), np.minimum(t, k), np.maximum(0.0, t - k), np.full(n, branched)]
+        )
+        self._xtx = self._xtx * DECAY + x[:, :, None] * x[:, None, :]
         self._xty = self._xty * DECAY + x * seconds
+        self._yy = self._yy * DECAY + seconds * seconds
         self._fit = None
 
-    def coefficients(self) -> tuple[float, float, float, float]:
-        """(fixed, per_request, per_draft, branch) in seconds (relative units before any step was timed)."""
+    def coefficients(self) -> CostModel:
+        """The cost model in seconds (relative units before any step was timed)."""
         if self._frozen is not None:
             return self._frozen
         if self._prior is None:
-            return 1.0, PRIOR_SLOPE, PRIOR_SLOPE, 0.0
+            return CostModel(1.0, 0.0, PRIOR_SLOPE, 0.0, 1, PRIOR_SLOPE)
         if self._fit is None:
             self._fit = self._solve(self._prior)
         return self._fit
 
-    def _solve(self, s: float) -> tuple[float, float, float, float]:
+    def _solve(self, s: float) -> CostModel:
         # The prior as pseudo-rows on the slopes alone (the intercept is always measured): w * (spread * (k - k0))^2.
         ridge = PRIOR_WEIGHT * PRIOR_SPREAD**2
-        xtx = self._xtx + np.diag([0.0, ridge, ridge, BRANCH_PRIOR_WEIGHT])
-        xty = self._xty + np.array([0.0, ridge * s, ridge * s, 0.0])
-        a, r, d, b = np.linalg.solve(xtx, xty)  # positive definite: one step observed, and a ridge on each slope
-        r, d, b = max(float(r), 0.0), max(float(d), 0.0), max(float(b), 0.0)
-        return max(float(a), 1e-9), r, d, b
+        reg = np.diag([0.0, ridge, ridge, ridge, BRANCH_PRIOR_WEIGHT])
+        prior = np.array([0.0, 0.0, ridge * s, ridge * s, 0.0])
+        # positive definite: one step observed, and a ridge on each slope
+        beta = np.linalg.solve(self._xtx + reg, (self._xty + prior)[:, :, None])[:, :, 0]
+        # each knee's weighted squared error over the steps (the prior's pseudo-rows left out)
+        sse = self._yy - 2 * np.einsum("ki,ki->k", beta, self._xty) + np.einsum("ki,kij,kj->k", beta, self._xtx, beta)
+        # below the knee a token may cost less than past it, not more (a concave cost would end the search early)
+        convex = beta[:, 3] >= beta[:, 2]
+        convex[0] = True  # knee 1: every token is past it (its per_draft_below multiplies a constant)
+        best = int(np.argmin(np.where(convex, sse, np.inf)))
+        a, r, below, above, b = (float(v) for v in beta[best])
+        above, r, b = max(above, 0.0), max(r, 0.0), max(b, 0.0)
+        below = above if best == 0 else min(max(below, 0.0), above)
+        return CostModel(max(a, 1e-9), r, above, b, KNEES[best], below)
 
     @classmethod
     def frozen(cls, coefficients: Sequence[float]) -> StepCost:
+        """Fixed coefficients, in CostModel's order."""
         cost = cls()
-        fixed, per_request, per_draft, branch = (float(c) for c in coefficients)
-        cost._frozen = (fixed, per_request, per_draft, branch)
+        c = [float(v) for v in coefficients]
+        cost._frozen = CostModel(c[0], c[1], c[2], c[3], int(c[4]), c[5])
         return cost
 
     def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
-        a, r, d, b = self.coefficients()
-        return max(a + r * requests + d * drafts + (b if branched else 0.0), 1e-9)
+        return self.coefficients().seconds(requests, drafts, branched)
+
+    def marginal(self, requests: int, drafts: int) -> float:
+        return self.coefficients().marginal(requests, drafts)
 
 
 def score_floor(cost: StepCost, requests: int) -> float:
@@ -100,7 +153,7 @@ def score_floor(cost: StepCost, requests: int) -> float:
     only rises as nodes are taken (a node raises it exactly when it clears it), so no node scoring at or below
     this is ever taken, and the sources need not draft such nodes at all (at a large batch on a CPU, most of
     them)."""
-    return requests * cost.coefficients()[2] / cost.seconds(requests, 0, branched=True)
+    return requests * cost.marginal(requests, 0) / cost.seconds(requests, 0, branched=True)
 
 
 @dataclass
@@ -128,8 +181,8 @@ def choose_sizes(
     each yields its x0's token); budget: most non-root nodes in all; branched: price the step with the branch
     cost from its first node on (the trees may branch).
     """
-    per_draft = cost.coefficients()[2]
-    seconds = cost.seconds(requests, 0, branched)
+    model = cost.coefficients()
+    seconds = model.seconds(requests, 0, branched)
     sizes = [1] * len(trees)
     expected = float(requests)
     # (negated score, tree): always the best node not yet taken whose parent is taken (trees are ordered best
@@ -140,17 +193,18 @@ def choose_sizes(
     while heap and added < budget:
         neg, i = heapq.heappop(heap)
         p = -neg
-        if p * seconds <= expected * per_draft:
-            break  # the best remaining node does not pay, so no other does
+        price = model.marginal(requests, added)
+        if p * seconds <= expected * price:
+            break  # the best remaining node does not pay, so no other does (the bar only rises)
         sizes[i] += 1
         added += 1
-        seconds += per_draft
+        seconds += price
         expected += p
         t = trees[i]
         if sizes[i] < min(t.num_nodes, caps[i]):
             heapq.heappush(heap, (-t.scores[sizes[i]], i))
     if not added:
-        seconds = cost.seconds(requests, 0)  # plain decoding: no branch to pay for
+        seconds = model.seconds(requests, 0)  # plain decoding: no branch to pay for
     return Sizes(sizes, expected, seconds)
 
 
@@ -160,7 +214,7 @@ def plan_step(
     """The step's trees and their sizes: each request's best chain alone (`StepTree.best_chain`), or the trees
     themselves where what their branches add is worth the branch price. Either way no better plan than plain
     decoding is passed over: a node is only taken when it pays."""
-    if cost.coefficients()[3] <= 0:  # no branch price: the trees hold the chains and more
+    if cost.coefficients().branch <= 0:  # no branch price: the trees hold the chains and more
         return list(trees), choose_sizes(trees, caps, requests, cost, budget).sizes
     chains = [t.best_chain() for t in trees]
     by_chain = choose_sizes(chains, caps, requests, cost, budget)
