@@ -47,6 +47,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-norecycle": {"method": "lookahead", "recycle_candidates": 0},
     # Lookahead without prompt lookup (its suffix trees cover the same text): the source's before/after in one run.
     "lookahead-nolookup": {"method": "lookahead", "lookup_candidates": 0},
+    # Lookahead with its step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's
+    # before/after in one run.
+    "lookahead-line": {"method": "lookahead"},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
@@ -266,6 +269,8 @@ def worker(args: argparse.Namespace) -> int:
         os.environ["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin
     if method == "lookahead-reference":
         os.environ["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
+    if method == "lookahead-line":
+        os.environ["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
 
     def finish(**fields: Any) -> int:

@@ -424,3 +424,12 @@ def test_max_factor_follows_every_observation():
         stats.observe(tree, [1, 2, 3])  # every node accepted: the factors rise
         assert stats.max_factor(Source.LOOKUP, 3) == fresh(Source.LOOKUP, 3)
     assert stats.max_factor(Source.LOOKUP, 3) > first
+
+
+def test_the_straight_line_alone_when_the_knee_is_off(monkeypatch):
+    monkeypatch.setenv("VLLM_LOOKAHEAD_COST_KNEE", "0")
+    cost = StepCost()
+    for d in [i % 20 for i in range(400)]:
+        cost.observe(1, d, False, 0.030 + 0.0013 * max(0, d + 1 - 6))
+    m = cost.coefficients()
+    assert m.knee == 1 and m.per_draft_below == m.per_draft and 0.0005 < m.per_draft < 0.0013

@@ -21,6 +21,7 @@ chain alone, which saves the branch price.
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -45,6 +46,11 @@ DECAY = 0.995  # per observed step: about two hundred steps of memory
 # The knees tried (tokens a step computes): each has its own fit, and the one that fits the recent steps best is used.
 # A knee of 1 is the straight line (every token at per_draft).
 KNEES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def knees() -> tuple[int, ...]:
+    """KNEES, or the straight line alone with VLLM_LOOKAHEAD_COST_KNEE=0 (the knee's before/after in a benchmark)."""
+    return (1,) if os.environ.get("VLLM_LOOKAHEAD_COST_KNEE", "1") == "0" else KNEES
 
 
 class CostModel(NamedTuple):
@@ -81,8 +87,9 @@ class StepCost:
     def __init__(self, relative_node_cost: float | None = None) -> None:
         s = relative_node_cost
         self._frozen: CostModel | None = None if s is None else CostModel(1.0, 0.0, s, 0.0, 1, s)
-        n = len(KNEES)
-        self._knees = np.array(KNEES, dtype=float)
+        self._knee_list = knees()
+        n = len(self._knee_list)
+        self._knees = np.array(self._knee_list, dtype=float)
         self._xtx = np.zeros((n, 5, 5))
         self._xty = np.zeros((n, 5))
         self._yy = 0.0
@@ -131,7 +138,7 @@ class StepCost:
         a, r, below, above, b = (float(v) for v in beta[best])
         above, r, b = max(above, 0.0), max(r, 0.0), max(b, 0.0)
         below = above if best == 0 else min(max(below, 0.0), above)
-        return CostModel(max(a, 1e-9), r, above, b, KNEES[best], below)
+        return CostModel(max(a, 1e-9), r, above, b, self._knee_list[best], below)
 
     @classmethod
     def frozen(cls, coefficients: Sequence[float]) -> StepCost:
