@@ -93,6 +93,7 @@ class StepCost:
         self._xtx = np.zeros((n, 5, 5))
         self._xty = np.zeros((n, 5))
         self._yy = 0.0
+        self._n = 0.0  # the steps' summed (decayed) weights
         self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
         self._fit: CostModel | None = None  # solved once per observation
 
@@ -110,6 +111,7 @@ class StepCost:
         self._xtx = self._xtx * DECAY + x[:, :, None] * x[:, None, :]
         self._xty = self._xty * DECAY + x * seconds
         self._yy = self._yy * DECAY + seconds * seconds
+        self._n = self._n * DECAY + 1.0
         self._fit = None
 
     def coefficients(self) -> CostModel:
@@ -131,13 +133,21 @@ class StepCost:
         beta = np.linalg.solve(self._xtx + reg, (self._xty + prior)[:, :, None])[:, :, 0]
         # each knee's weighted squared error over the steps (the prior's pseudo-rows left out)
         sse = self._yy - 2 * np.einsum("ki,ki->k", beta, self._xty) + np.einsum("ki,kij,kj->k", beta, self._xtx, beta)
+        # A knee must earn its two more parameters (where it lies, the slope below it), as the Bayesian information
+        # criterion prices them: where the steps show no knee (at 16 requests every step is past any knee there is)
+        # the straight line stands, rather than a knee that fits the noise and misprices the tokens on its far side.
+        n = max(self._n, 1.0)
+        score = n * np.log(np.maximum(sse, 1e-12 * n) / n) + np.where(self._knees > 1, 2 * np.log(n + 1), 0.0)
         # below the knee a token may cost less than past it, not more (a concave cost would end the search early)
         convex = beta[:, 3] >= beta[:, 2]
         convex[0] = True  # knee 1: every token is past it (its per_draft_below multiplies a constant)
-        best = int(np.argmin(np.where(convex, sse, np.inf)))
+        best = int(np.argmin(np.where(convex, score, np.inf)))
         a, r, below, above, b = (float(v) for v in beta[best])
-        above, r, b = max(above, 0.0), max(r, 0.0), max(b, 0.0)
+        above, b = max(above, 0.0), max(b, 0.0)
         below = above if best == 0 else min(max(below, 0.0), above)
+        # a request's own token is priced with the drafts; beyond it a request may cost less than a token (its row
+        # has no tree to verify), never less than nothing
+        r = max(r, -below)
         return CostModel(max(a, 1e-9), r, above, b, self._knee_list[best], below)
 
     @classmethod
