@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens a step computes up to which a token costs --per-token-below instead (1: a straight line)",
     )
     p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
+    p.add_argument(
+        "--sizing-line",
+        default=None,
+        metavar="FIXED,PER_TOKEN",
+        help="size the trees by this straight line instead, while the steps cost what the options above say",
+    )
     return p.parse_args(argv)
 
 
@@ -160,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     params = LookaheadParams.from_mapping(json.loads(args.lookahead_config or "{}"))
     data = json.loads(args.sequences.read_text())
     knee = "" if args.knee <= 1 else f" past {args.knee} tokens, {args.per_token_below} s up to them"
+    if args.sizing_line is not None:
+        knee += f"; trees sized by the line {args.sizing_line}"
     print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
           f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
     print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
@@ -167,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     for ds in DATASETS:
         requests = data[ds]
         # the last request is the warm-up, replayed first
-        model = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
-        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, model, warm=1)
+        paid = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
+        model = paid if args.sizing_line is None else cost_model(*(float(v) for v in args.sizing_line.split(",")))
+        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, model, warm=1, truth=paid)
         print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
     return 0
 

@@ -56,3 +56,15 @@ def test_replay_feeds_token_recycling_the_top_tokens_it_is_given():
     without = replay([(prompt, output)], params, cost_model(0.035, 0.0001))[0]
     assert without == pytest.approx(1.0)
     assert with_tops > 1.3  # (PERIOD repeats tokens with other successors: the table holds the last)
+
+
+def test_trees_sized_by_one_cost_and_paid_at_another():
+    """`truth`: the steps cost what the true model says, whatever model sized the trees. Sized by a dearer line than
+    the knee's cost, fewer nodes are drafted; sized by the true cost itself, no other sizing does better."""
+    params = LookaheadParams(suffix_candidates=0)
+    text = [(PERIOD[:6], (PERIOD * 10)[6:100])]
+    knee = cost_model(0.035, 0.002, knee=6, below=0.0)
+    own = replay(text, params, knee, truth=knee)
+    assert replay(text, params, knee) == own  # truth defaults to the sizing's own cost
+    dear = replay(text, params, cost_model(0.035, 0.01), truth=knee)
+    assert dear[1] < own[1] and dear[2] <= own[2]
