@@ -6,7 +6,8 @@ where B is 1 when a scheduled tree branches (`StepCost`, fitted to the engine's 
 machine, model, dtype and batch). Up to the knee a step is bound by reading the weights, and a token more costs
 little (per_draft_below); past it by arithmetic, and each token costs per_draft. On this 2-core CPU at batch 1 a
 step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms (`benchmarks/step_mix.py`'s
-steps by draft count); on a GPU the knee lies near a hundred tokens. B is the tree attention path's own price: on a
+steps by draft count); on a GPU, where a forward over many tokens costs little more than over one, it lies far
+out. B is the tree attention path's own price: on a
 CPU a branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer by layer, where a chain of
 drafts runs vLLM's kernel alone. Its requests yield R tokens for sure plus, in expectation, the scores of their
 draft nodes (each node's probability of being accepted). Adding a node of score p pays iff (Y + p) / (c + m) > Y / c,
@@ -76,7 +77,8 @@ class CostModel(NamedTuple):
 
 class StepCost:
     """The step's cost (`CostModel`) as a weighted least-squares fit over recent steps, one per knee of KNEES, of
-    which the one with the least weighted squared error (and a convex cost: per_draft >= per_draft_below) is used.
+    which the one the Bayesian information criterion prefers among the convex ones (per_draft >= per_draft_below)
+    is used: a knee must fit the steps better than the straight line by more than its two parameters' worth.
     Each slope is pulled toward a prior (per_draft = per_draft_below = PRIOR_SLOPE * fixed as the first step
     suggests, per_request = 0, branch = 0 worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about
     it: a branch price that no recent step measured decays to 0, so trees are tried again and measured afresh.
@@ -144,9 +146,12 @@ class StepCost:
         best = int(np.argmin(np.where(convex, score, np.inf)))
         a, r, below, above, b = (float(v) for v in beta[best])
         above, b = max(above, 0.0), max(b, 0.0)
-        below = above if best == 0 else min(max(below, 0.0), above)
-        # a request's own token is priced with the drafts; beyond it a request may cost less than a token (its row
-        # has no tree to verify), never less than nothing
+        if best == 0:  # knee 1: min(T, 1) = 1 is part of the intercept; the line's one slope serves both sides
+            a, below = a + below - above, above
+        else:
+            below = min(max(below, 0.0), above)
+        # a request's own token is priced with the drafts; beyond it the fit may find a request cheaper than a draft
+        # token, never cheaper than nothing
         r = max(r, -below)
         return CostModel(max(a, 1e-9), r, above, b, self._knee_list[best], below)
 
