@@ -129,3 +129,42 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     assert top(0.0)  # tensor parallelism: no bar
     engine.recycle = None
     assert top(0.0) == {}
+
+
+def test_a_longer_context_is_guessed_from_first_and_learned_apart():
+    """After 1, 2 the model's top tokens were [3, ...]; after 5, 2 they were [6, ...]: with the token before x0 known,
+    the guess under x0 = 2 comes from the two-token entry, without it from the last entry of 2 alone."""
+    r = TokenRecycler(top_k=2, order=2)
+    r.observe([2], [[3, 4]], [3], before=[1])
+    r.observe([2], [[6, 7]], [6], before=[5])
+    assert r.table[2] == (6, 7) and r.contexts[0][(1, 2)] == (3, 4)
+    assert r.candidates(2, 1, before=[1])[0][0] == [3]
+    assert r.candidates(2, 1, before=[5])[0][0] == [6]
+    assert r.candidates(2, 1, before=[9])[0][0] == [6]  # an unknown pair backs off to the token alone
+    assert r.candidates(2, 1)[0][0] == [6]
+    # the two-token entry was right each time it was asked; the one-token table was never asked
+    before = r.rank_estimates(2)[0]
+    for _ in range(20):
+        r.observe([2], [[3, 4]], [3], before=[1])
+    assert r.rank_estimates(2)[0] > before
+    # and the one-token entry was asked once, after 5, 2 (a pair not yet seen), and said 3 where 6 came
+    assert r.rank_estimates(1)[0] < TokenRecycler(top_k=2, order=2).rank_estimates(1)[0]
+
+
+def test_longer_contexts_stay_within_their_bound():
+    r = TokenRecycler(top_k=2, order=3, max_contexts=5)
+    seq = list(range(100))
+    r.observe(seq[2:], [[t + 1, t + 2] for t in seq[2:]], seq[3:] + [100], before=seq[:2])
+    assert all(len(t) == 5 for t in r.contexts)
+    assert r.contexts[1][(97, 98, 99)] == (100, 101)  # the most recent kept
+    assert len(r.table) == 98  # one entry per token
+
+
+def test_the_state_keys_recycled_guesses_by_the_tokens_before_x0():
+    params = LookaheadParams(lookup_candidates=0, suffix_candidates=0, guess_set_size=0, recycle_candidates=1)
+    recycle = TokenRecycler(order=2)
+    recycle.observe([7], [[8, 9]], [8], before=[6])  # after 6, 7: 8
+    recycle.observe([7], [[10, 11]], [10], before=[1])  # after 1, 7: 10 (the last entry of 7 alone)
+    state = LookaheadState(params, [5, 6], recycle=recycle)
+    tree = state.build_tree(7)  # the prefill made 7
+    assert [tree.tokens[u] for u in range(1, tree.num_nodes) if tree.sources[u] == Source.RECYCLE] == [8]
