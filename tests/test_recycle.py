@@ -168,3 +168,14 @@ def test_the_state_keys_recycled_guesses_by_the_tokens_before_x0():
     state = LookaheadState(params, [5, 6], recycle=recycle)
     tree = state.build_tree(7)  # the prefill made 7
     assert [tree.tokens[u] for u in range(1, tree.num_nodes) if tree.sources[u] == Source.RECYCLE] == [8]
+
+
+def test_pairs_off_by_environment(monkeypatch):
+    """VLLM_LOOKAHEAD_RECYCLE_PAIRS=0 keys guesses by the token alone (bench_methods' `lookahead-unigram`)."""
+    assert TokenRecycler().order == 2
+    monkeypatch.setenv("VLLM_LOOKAHEAD_RECYCLE_PAIRS", "0")
+    r = TokenRecycler()
+    assert r.order == 1 and r.contexts == []
+    r.observe([2], [[3, 4]], [3], before=[1])
+    r.observe([2], [[6, 7]], [6], before=[5])
+    assert r.candidates(2, 1, before=[1])[0][0] == [6]  # the last entry of 2, whatever came before it

@@ -22,6 +22,7 @@ the longer ones at most `max_contexts` each, the least recently written dropped 
 from __future__ import annotations
 
 import heapq
+import os
 from collections.abc import Sequence
 
 # Top tokens kept per context: the rank estimates fall fast (rank 8 is rarely right), and each kept rank is a
@@ -31,6 +32,13 @@ TOP_K = 8
 ORDER = 2
 # Entries per table of two or more tokens of context: about 200 bytes each, so ORDER = 3 holds at most about 26 MB.
 MAX_CONTEXTS = 1 << 16
+
+
+def default_order() -> int:
+    """ORDER, or the token alone with VLLM_LOOKAHEAD_RECYCLE_PAIRS=0 (the pairs' before/after in a benchmark)."""
+    return 1 if os.environ.get("VLLM_LOOKAHEAD_RECYCLE_PAIRS", "1") == "0" else ORDER
+
+
 # Pseudo-observations behind the rank estimates before any were counted, and those estimates: the right token at
 # rank r of the entry, 0.5 / 2^r.
 PRIOR_WEIGHT = 20.0
@@ -39,7 +47,9 @@ PRIOR_WEIGHT = 20.0
 class TokenRecycler:
     __slots__ = ("top_k", "order", "max_contexts", "table", "contexts", "_hits", "_tries", "_estimates", "_ranked")
 
-    def __init__(self, top_k: int = TOP_K, order: int = ORDER, max_contexts: int = MAX_CONTEXTS) -> None:
+    def __init__(self, top_k: int = TOP_K, order: int | None = None, max_contexts: int = MAX_CONTEXTS) -> None:
+        """`order`: the longest context a guess is keyed by (default: `default_order()`)."""
+        order = default_order() if order is None else order
         if order < 1:
             raise ValueError(f"lookahead: recycling's context length must be >= 1 (got {order})")
         self.top_k = top_k
