@@ -50,9 +50,6 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Lookahead with its step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's
     # before/after in one run.
     "lookahead-line": {"method": "lookahead"},
-    # Lookahead with token recycling keyed by the token alone, as Luo et al. key it (VLLM_LOOKAHEAD_RECYCLE_PAIRS=0):
-    # the pair entries' before/after in one run.
-    "lookahead-unigram": {"method": "lookahead"},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
@@ -274,8 +271,6 @@ def worker(args: argparse.Namespace) -> int:
         os.environ["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
     if method == "lookahead-line":
         os.environ["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
-    if method == "lookahead-unigram":
-        os.environ["VLLM_LOOKAHEAD_RECYCLE_PAIRS"] = "0"
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
 
     def finish(**fields: Any) -> int:

@@ -23,7 +23,6 @@ from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.lookup import LOOKUP_SOURCES, LookupIndex
 from vllm_lookahead.pool import NGramPool
-from vllm_lookahead.recycle import ORDER as RECYCLE_ORDER
 from vllm_lookahead.recycle import TokenRecycler
 from vllm_lookahead.suffix import SuffixCandidates
 from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
@@ -52,7 +51,6 @@ class LookaheadState:
         "following",
         "following_from",
         "recycle",
-        "_keep",
     )
 
     def __init__(
@@ -88,9 +86,7 @@ class LookaheadState:
         # The last N-1 tokens of the sequence, to form the n-grams that new output tokens complete.
         self.tail: list[int] = list(prompt_token_ids[-(params.ngram_size - 1) :])
         # The sequence's last tokens, the context the suffix trees are matched against.
-        # (and token recycling's longer keys)
-        self._keep = max(params.suffix_depth, RECYCLE_ORDER)
-        self.recent: list[int] = list(prompt_token_ids[-self._keep :])
+        self.recent: list[int] = list(prompt_token_ids[-params.suffix_depth :])
         self.num_steps = 0
         self.num_tokens = 0
         self.lookup = LookupIndex(prompt_token_ids) if params.lookup_candidates else None
@@ -142,8 +138,7 @@ class LookaheadState:
                 add(c.tokens, c.source, c.estimates)
         if self.recycle is not None:  # its own floor test stands for worth(): no guess clears it, nothing drafted
             scale = stats.max_factor(Source.RECYCLE, p.recycle_candidates)
-            before = self._before(x0)
-            for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale, before):
+            for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):
                 add(tokens, Source.RECYCLE, estimates)
         window = self.window if min_score <= 0 or stats.window_value > min_score else None
         if window is None and min_score > 0 and not any(c.scores and c.scores[0] > min_score for c in cands):
@@ -186,8 +181,7 @@ class LookaheadState:
         ]
         x0_new = int(accepted_tokens[-1])
         if self.recycle is not None and top is not None:
-            before = self._before(tree.tokens[0])
-            self.recycle.observe([tree.tokens[0], *accepted_tokens[:-1]], top, accepted_tokens, before)
+            self.recycle.observe([tree.tokens[0], *accepted_tokens[:-1]], top, accepted_tokens)
         found = window.step(x0_new, outputs)
         self.pool.add_many(found, by_window=True)
         if self.shared is not None:
@@ -211,12 +205,6 @@ class LookaheadState:
         self.unscored.clear()
         if self.suffix is not None:
             self.suffix.stop(self.req_id)
-
-    def _before(self, x0: int) -> list[int]:
-        """The sequence's tokens before x0, as many as token recycling's longest key needs (x0 is normally the last
-        token learned)."""
-        recent = self.recent if not self.recent or self.recent[-1] != x0 else self.recent[:-1]
-        return recent[-(RECYCLE_ORDER - 1) :] if RECYCLE_ORDER > 1 else []
 
     def _score_in_hindsight(self) -> None:
         """Teach the acceptance statistics every tree node the sequence has now decided: the nodes it went through
@@ -259,6 +247,6 @@ class LookaheadState:
         self.tail = (self.tail + new)[-(self.params.ngram_size - 1) :]
         if self.lookup is not None:
             self.lookup.extend(new)
-        self.recent = (self.recent + new)[-self._keep :]
         if self.suffix is not None:
+            self.recent = (self.recent + new)[-self.params.suffix_depth :]
             self.suffix.extend(self.req_id, new)
