@@ -29,6 +29,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DATASETS = ("humaneval", "sharegpt")
 
 
+def sizing_line(text: str) -> tuple[float, float]:
+    """--sizing-line's FIXED,PER_TOKEN: seconds, FIXED > 0 and PER_TOKEN >= 0."""
+    try:
+        fixed, per_token = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected FIXED,PER_TOKEN (two numbers of seconds), got {text!r}") from None
+    if not fixed > 0 or not per_token >= 0:
+        raise argparse.ArgumentTypeError(f"FIXED must be > 0 and PER_TOKEN >= 0, got {text!r}")
+    return fixed, per_token
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generate", action="store_true", help="run plain decoding once and save its outputs")
@@ -48,10 +59,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--sizing-line",
         default=None,
+        type=sizing_line,
         metavar="FIXED,PER_TOKEN",
         help="size the trees by this straight line instead, while the steps cost what the options above say",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.num_prompts < 1:
+        p.error("--num-prompts must be >= 1")
+    if not args.fixed > 0 or not args.per_token >= 0:
+        p.error("--fixed must be > 0 and --per-token >= 0 (seconds)")
+    if args.knee < 1:
+        p.error("--knee must be >= 1 (1: a straight line)")
+    if args.per_token_below is not None and not 0 <= args.per_token_below <= args.per_token:
+        p.error("--per-token-below must lie in [0, --per-token] (a token below the knee costs no more than past it)")
+    return args
 
 
 def generate(path: Path, num_prompts: int) -> None:
@@ -167,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     data = json.loads(args.sequences.read_text())
     knee = "" if args.knee <= 1 else f" past {args.knee} tokens, {args.per_token_below} s up to them"
     if args.sizing_line is not None:
-        knee += f"; trees sized by the line {args.sizing_line}"
+        knee += f"; trees sized by the line {args.sizing_line[0]} s + {args.sizing_line[1]} s per token"
     print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
           f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
     print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
@@ -176,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = data[ds]
         # the last request is the warm-up, replayed first
         paid = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
-        model = paid if args.sizing_line is None else cost_model(*(float(v) for v in args.sizing_line.split(",")))
+        model = paid if args.sizing_line is None else cost_model(*args.sizing_line)
         tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, model, warm=1, truth=paid)
         print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
     return 0

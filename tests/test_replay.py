@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.replay_trees import cost_model, replay
+from benchmarks.replay_trees import cost_model, parse_args, replay
 from vllm_lookahead.config import LookaheadParams
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
@@ -68,3 +68,28 @@ def test_trees_sized_by_one_cost_and_paid_at_another():
     assert replay(text, params, knee) == own  # truth defaults to the sizing's own cost
     dear = replay(text, params, cost_model(0.035, 0.01), truth=knee)
     assert dear[1] < own[1] and dear[2] <= own[2]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--sizing-line", "0.03"],
+        ["--sizing-line", "0.03,x"],
+        ["--sizing-line", "0,0.001"],
+        ["--sizing-line", "0.03,-0.001"],
+        ["--fixed", "0"],
+        ["--per-token", "-0.001"],
+        ["--knee", "0"],
+        ["--per-token", "0.001", "--per-token-below", "0.002"],
+        ["--num-prompts", "0"],
+    ],
+)
+def test_bad_cost_flags_are_refused_naming_the_flag(flags, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(flags)
+    assert stop.value.code == 2
+    assert flags[-2] in capsys.readouterr().err
+
+
+def test_sizing_line_is_read_as_two_seconds():
+    assert parse_args(["--sizing-line", "0.03,0.0012"]).sizing_line == (0.03, 0.0012)
