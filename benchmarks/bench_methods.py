@@ -50,6 +50,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Lookahead with its step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's
     # before/after in one run.
     "lookahead-line": {"method": "lookahead"},
+    # Lookahead as it is, a second time in each round: an A/A control, the noise floor of a comparison in one run.
+    "lookahead-twin": {"method": "lookahead"},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
