@@ -115,7 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--rounds",
         type=int,
         default=1,
-        help="run every method this many times, round by round; each cell is the round with the median ratio to "
+        help="run every method this many times, round by round (each round's order rotated by one method); each "
+        "cell is the round with the median ratio to "
         "that round's none (the lower middle one for an even number): the machine's slow spells then weigh on "
         "the ratios, not on one method",
     )
@@ -546,6 +547,13 @@ def run_stem(args: argparse.Namespace) -> str:
     )
 
 
+def run_order(methods: list[str], round_index: int) -> list[str]:
+    """The methods in round `round_index`'s order: the list rotated by one a round, so that no method holds one slot
+    in every round (the machine's state may differ between the first and the last worker of a round)."""
+    k = round_index % len(methods)
+    return methods[k:] + methods[:k]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -557,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[list[dict[str, Any]]] = []
     for r in range(args.rounds):
         results: dict[str, dict[str, Any]] = {}
-        for method in args.method_list:
+        for method in run_order(args.method_list, r):
             print(f"=== {method}" + (f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else "") + " ===",
                   file=sys.stderr)  # fmt: skip
             results[method] = run_method(method, argv)
