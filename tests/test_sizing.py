@@ -96,6 +96,24 @@ def test_step_cost_learns_its_terms_and_a_fixed_one_stays():
     assert frozen.seconds(3, 7) == pytest.approx(2.0)  # 1 + 0.1 per request or draft
 
 
+def test_the_straight_line_predicts_the_seconds_it_was_fitted_to():
+    """A token's price far from the prior's (here 4 ms of a 14 ms one-token step, the prior about 0.4 ms): the line
+    reports one slope for both sides of its knee at 1, and its intercept keeps what the fit put on min(T, 1), so the
+    seconds it predicts are the steps' own, down to the one-token step."""
+    cost = StepCost()
+    rng = random.Random(3)
+    cost.observe(1, 0, False, 0.014)
+    for _ in range(400):
+        r, d = rng.randint(1, 16), rng.randint(0, 40)
+        cost.observe(r, d, False, 0.010 + 0.004 * (r + d))
+    m = cost.coefficients()
+    assert m.knee == 1 and m.per_draft == m.per_draft_below == pytest.approx(0.004, rel=0.1)
+    # (the slopes' ridge moves the line by a few percent; leaving the fit's share out would put the one-token step
+    # near 0.018 s, a token's price above the fit's)
+    for r, d in ((1, 0), (1, 5), (16, 0), (16, 40)):
+        assert cost.seconds(r, d) == pytest.approx(0.010 + 0.004 * (r + d), rel=0.05)
+
+
 def test_a_knee_the_steps_do_not_show_is_not_fitted():
     """Sixteen requests, a step dearer by a token's price for every token and noisy by 10%: whatever knee a fit
     puts in the noise does not earn its parameters, and the line's price holds on both sides of any knee (a knee

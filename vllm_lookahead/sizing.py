@@ -146,11 +146,10 @@ class StepCost:
         best = int(np.argmin(np.where(convex, score, np.inf)))
         a, r, below, above, b = (float(v) for v in beta[best])
         above, b = max(above, 0.0), max(b, 0.0)
-        # Knee 1 (the straight line): its one slope serves both sides. The fit's share of the intercept on min(T, 1) is
-        # left out, as before a7c23e7: leaving it out ran at 1.03-1.15x the tokens/s of counting it (the fit's own
-        # seconds) in 7 of 8 round-cells of two A/B runs at 16 requests (README, "16 concurrent requests"); why is not
-        # yet understood.
-        below = above if best == 0 else min(max(below, 0.0), above)
+        if best == 0:  # knee 1: min(T, 1) = 1 is part of the intercept; the line's one slope serves both sides
+            a, below = a + below - above, above
+        else:
+            below = min(max(below, 0.0), above)
         # a request's own token is priced with the drafts; beyond it the fit may find a request cheaper than a draft
         # token, never cheaper than nothing
         r = max(r, -below)
