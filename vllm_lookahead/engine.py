@@ -32,7 +32,7 @@ from vllm_lookahead.config import LookaheadParams
 from vllm_lookahead.eligibility import ineligible_reason, request_params
 from vllm_lookahead.pool import NGramPool
 from vllm_lookahead.recycle import TokenRecycler
-from vllm_lookahead.sizing import StepCost, choose_sizes, plan_step, score_floor
+from vllm_lookahead.sizing import StepCost, StepTimer, choose_sizes, plan_step, score_floor
 from vllm_lookahead.state import LookaheadState
 from vllm_lookahead.step import LookaheadStep, ScheduledTree, forward_scope
 from vllm_lookahead.suffix import SuffixCandidates
@@ -103,9 +103,8 @@ class LookaheadEngine:
             if params.shared_pool_keys
             else None
         )
-        # A pure decoding step under way: (start, requests, draft tokens), timed until its drafting ends (propose).
-        self._step_start: tuple[float, int, int] | None = None
-        self._branched = False  # whether that step's trees branch (the tree attention path ran)
+        # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included).
+        self.timer = StepTimer(self.cost)
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
         self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
@@ -156,8 +155,7 @@ class LookaheadEngine:
         tokens = scheduler_output.total_num_scheduled_tokens
         requests = runner.input_batch.num_reqs
         decoding = tokens == requests + sum(len(d) for d in spec.values())
-        self._step_start = (time.perf_counter(), requests, tokens - requests) if decoding else None
-        self._branched = False
+        self.timer.begin(time.perf_counter(), requests, tokens - requests if decoding else None)
         if not spec:
             return
         batch = runner.input_batch
@@ -191,7 +189,7 @@ class LookaheadEngine:
                 step.attention_rows.append(
                     TreeRows(idx, q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
                 )
-        self._branched = bool(step.attention_rows)
+        self.timer.branched(bool(step.attention_rows))
 
     @staticmethod
     def _plain_greedy(runner: GPUModelRunner, req_id: str) -> bool:
@@ -366,15 +364,12 @@ class LookaheadEngine:
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
-        the fitted step cost says pay (`sizing.plan_step`). Ends the timing of a decoding step: what the step-cost
-        fit learns is its whole span from `begin_step` to here, drafting included."""
+        the fitted step cost says pay (`sizing.plan_step`). Ends a decoding step's own span, drafting included; the
+        step-cost fit learns it with the engine's work until the next `begin_step` (`sizing.StepTimer`)."""
         try:
             return self._draft(runner, sampled_token_ids)
         finally:
-            if self._step_start is not None:
-                start, requests, drafts = self._step_start
-                self.cost.observe(requests, drafts, self._branched, time.perf_counter() - start)
-                self._step_start = None
+            self.timer.end(time.perf_counter())
 
     def _draft(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         batch = runner.input_batch

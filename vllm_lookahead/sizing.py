@@ -170,6 +170,45 @@ class StepCost:
         return self.coefficients().marginal(requests, drafts)
 
 
+@dataclass
+class _TimedStep:
+    start: float
+    requests: int
+    drafts: int
+    branched: bool = False
+    end: float | None = None  # when its drafting ended
+
+
+class StepTimer:
+    """Times pure decoding steps for a `StepCost`: from one step's start, through its drafting, to the next step's
+    start, so that the engine's own work between two steps (scheduling, output processing: 1.4 ms of a 42 ms step at
+    batch 1 and 1.9 of 55 at 16 requests, bfloat16, on this CPU) is part of what a step costs. A gap longer than the
+    step itself is the engine waiting for requests, not work, and is left out."""
+
+    def __init__(self, cost: StepCost) -> None:
+        self.cost = cost
+        self._open: _TimedStep | None = None
+
+    def begin(self, now: float, requests: int, drafts: int | None) -> None:
+        """A step starts at `now`; drafts None: not a pure decoding step (not timed). Closes the step before."""
+        last, self._open = self._open, None
+        if last is not None and last.end is not None:
+            span, gap = last.end - last.start, now - last.end
+            self.cost.observe(last.requests, last.drafts, last.branched, span + (gap if 0 <= gap <= span else 0.0))
+        if drafts is not None:
+            self._open = _TimedStep(now, requests, drafts)
+
+    def branched(self, branched: bool) -> None:
+        """Whether the step under way runs branched trees (the tree attention path)."""
+        if self._open is not None:
+            self._open.branched = branched
+
+    def end(self, now: float) -> None:
+        """The step's drafting ended: what remains until the next step starts is the engine's work between them."""
+        if self._open is not None and self._open.end is None:
+            self._open.end = now
+
+
 def score_floor(cost: StepCost, requests: int) -> float:
     """The bar a node's score must clear before `choose_sizes` takes any node, in any plan of `plan_step`: the bar
     only rises as nodes are taken (a node raises it exactly when it clears it), so no node scoring at or below
