@@ -468,30 +468,18 @@ def test_the_straight_line_alone_when_the_knee_is_off(monkeypatch):
     assert m.knee == 1 and m.per_draft_below == m.per_draft and 0.0005 < m.per_draft < 0.0013
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.seen: list[tuple[int, int, bool, float]] = []
-
-    def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
-        self.seen.append((requests, drafts, branched, round(seconds, 9)))
-
-
 def test_a_step_costs_its_span_and_the_engine_work_until_the_next_one():
-    """A decoding step is observed when the next step begins: its span (start to the end of drafting) plus the gap
+    """A decoding step is complete when the next step begins: its span (start to the end of drafting) plus the gap
     to the next start, which is the engine's own work between steps; a gap longer than the step is idle time and
-    is left out; steps that are not pure decoding are not observed, and one whose drafting never ended neither."""
-    rec = _Recorder()
-    timer = StepTimer(rec)
-    timer.begin(0.0, 16, 8)
+    is left out; steps that are not pure decoding are not timed, and one whose drafting never ended neither."""
+    timer = StepTimer()
+    assert timer.begin(0.0, 16, 8) is None
     timer.branched(True)
     timer.end(0.050)
-    assert rec.seen == []  # not before the next step shows what came between
-    timer.begin(0.052, 16, None)  # a step that prefills: closes the one before, is not timed itself
-    assert rec.seen == [(16, 8, True, 0.052)]
+    # a step that prefills closes the one before and is not timed itself
+    assert timer.begin(0.052, 16, None) == (16, 8, True, pytest.approx(0.052))
     timer.end(0.120)
-    timer.begin(0.121, 4, 2)
+    assert timer.begin(0.121, 4, 2) is None
     timer.end(0.151)
-    timer.begin(5.0, 1, 0)  # 4.85 s without work: the span alone
-    assert rec.seen[1:] == [(4, 2, False, 0.03)]
-    timer.begin(5.1, 1, 0)  # the step at 5.0 never ended its drafting: not observed
-    assert len(rec.seen) == 2
+    assert timer.begin(5.0, 1, 0) == (4, 2, False, pytest.approx(0.030))  # 4.85 s without work: the span alone
+    assert timer.begin(5.1, 1, 0) is None  # the step at 5.0 never ended its drafting

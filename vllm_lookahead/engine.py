@@ -104,7 +104,7 @@ class LookaheadEngine:
             else None
         )
         # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included).
-        self.timer = StepTimer(self.cost)
+        self.timer = StepTimer()
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
         self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
@@ -155,7 +155,9 @@ class LookaheadEngine:
         tokens = scheduler_output.total_num_scheduled_tokens
         requests = runner.input_batch.num_reqs
         decoding = tokens == requests + sum(len(d) for d in spec.values())
-        self.timer.begin(time.perf_counter(), requests, tokens - requests if decoding else None)
+        timed = self.timer.begin(time.perf_counter(), requests, tokens - requests if decoding else None)
+        if timed is not None:
+            self.cost.observe(*timed)
         if not spec:
             return
         batch = runner.input_batch

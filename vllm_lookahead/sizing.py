@@ -180,23 +180,24 @@ class _TimedStep:
 
 
 class StepTimer:
-    """Times pure decoding steps for a `StepCost`: from one step's start, through its drafting, to the next step's
-    start, so that the engine's own work between two steps (scheduling, output processing: 1.4 ms of a 42 ms step at
-    batch 1 and 1.9 of 55 at 16 requests, bfloat16, on this CPU) is part of what a step costs. A gap longer than the
-    step itself is the engine waiting for requests, not work, and is left out."""
+    """Times pure decoding steps for the step-cost fit: from one step's start, through its drafting, to the next
+    step's start, so that the engine's own work between two steps (scheduling, output processing: 1.4 ms of a 42 ms
+    step at batch 1 and 1.9 of 55 at 16 requests, bfloat16, on this CPU) is part of what a step costs. A gap longer
+    than the step itself is the engine waiting for requests, not work, and is left out."""
 
-    def __init__(self, cost: StepCost) -> None:
-        self.cost = cost
+    def __init__(self) -> None:
         self._open: _TimedStep | None = None
 
-    def begin(self, now: float, requests: int, drafts: int | None) -> None:
-        """A step starts at `now`; drafts None: not a pure decoding step (not timed). Closes the step before."""
+    def begin(self, now: float, requests: int, drafts: int | None) -> tuple[int, int, bool, float] | None:
+        """A step starts at `now`; drafts None: not a pure decoding step (not timed). Returns the step before, now
+        complete, as `StepCost.observe` takes it (requests, drafts, branched, seconds), or None if it was not timed."""
         last, self._open = self._open, None
-        if last is not None and last.end is not None:
-            span, gap = last.end - last.start, now - last.end
-            self.cost.observe(last.requests, last.drafts, last.branched, span + (gap if 0 <= gap <= span else 0.0))
         if drafts is not None:
             self._open = _TimedStep(now, requests, drafts)
+        if last is None or last.end is None:
+            return None
+        span, gap = last.end - last.start, now - last.end
+        return last.requests, last.drafts, last.branched, span + (gap if 0 <= gap <= span else 0.0)
 
     def branched(self, branched: bool) -> None:
         """Whether the step under way runs branched trees (the tree attention path)."""
