@@ -16,6 +16,10 @@ wrapped for the profiled batch only, and the table gives its milliseconds per en
 call) and microseconds per call. Nested entries count inside their callers (`build_tree` inside `_draft`). cProfile
 inflates code made of many small Python calls (the plugin's) several times more than the kernels, so its shares
 mislead; the wall table is what a step actually pays.
+
+Both modes end with the profiled batch's decoding steps as the step-cost fit times them (`sizing.StepTimer`): the
+mean milliseconds from a step's start to the end of its drafting, and from there to the next step's start (vLLM's
+scheduling and output processing). Read it from a `--wall` run: cProfile slows the Python between steps most.
 """
 
 from __future__ import annotations
@@ -112,6 +116,22 @@ class WallTimer:
         return "\n".join(lines)
 
 
+def step_gap_line(before: dict[str, float], after: dict[str, float]) -> str:
+    """The profiled batch's decoding steps as the step-cost fit timed them (`sizing.StepTimer`): their mean span,
+    start to end of drafting, and the mean gap to the next step's start (the engine's scheduling and output
+    processing), from the worker's totals before and after the batch."""
+    n = after["timed_steps"] - before["timed_steps"]
+    if n <= 0:
+        return "no decoding step timed in the profiled batch"
+
+    def total(k: str) -> float:
+        return after[k] * after["timed_steps"] - before[k] * before["timed_steps"]
+
+    span, gap = total("timed_step_span") / n, total("timed_step_gap") / n
+    return (f"{n} decoding steps timed for the step-cost fit: {span * 1e3:.2f} ms to the end of drafting, then "
+            f"{gap * 1e3:.2f} ms to the next step ({gap / (span + gap):.1%} of a step)")  # fmt: skip
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
@@ -135,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     # warm up on prompts outside the profiled ones: lookahead's suffix cache keeps finished outputs
     prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
     llm.generate(warm, sp, use_tqdm=False)
+    before = llm.collective_rpc("lookahead_stats")[0] if args.method == "lookahead" else None
     prof = None if args.wall else cProfile.Profile()
     timer = WallTimer()
     if args.wall:
@@ -157,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.method == "lookahead":
         stats = llm.collective_rpc("lookahead_stats")[0]
         print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
+        print(step_gap_line(before, stats))
     if prof is None:
         steps = timer.calls.get("LookaheadEngine.propose", 0)
         print(f"\nPlugin functions by wall time, {steps} engine steps:\n")

@@ -207,6 +207,9 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     opted_out = kinds.count("opt-out") + kinds.count("sampled opt-out")
     assert stats["fallback_requests"] - stats_before["fallback_requests"] == opted_out
     assert stats["live_states"] == 0
+    # the batch's decoding steps fed the step-cost fit, with the engine's work between steps counted
+    assert stats["timed_steps"] > stats_before["timed_steps"]
+    assert stats["timed_step_span"] > 0 and stats["timed_step_gap"] > 0
     # the tree rows went through the compiled kernel (its reference, the plain-torch path, is tested against it)
     if tree_kernel.load() is not None:
         assert stats["kernel_attention_steps"] > stats_before["kernel_attention_steps"]

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
 
-from profile_engine import WALL_TARGETS, WallTimer  # noqa: E402
+from profile_engine import WALL_TARGETS, WallTimer, step_gap_line  # noqa: E402
 
 
 class _Slow:
@@ -71,3 +71,13 @@ def test_every_target_exists_in_the_plugin():
         owner = getattr(importlib.import_module(module), cls) if cls else importlib.import_module(module)
         fn = owner.__dict__[name] if cls else getattr(owner, name)
         assert callable(fn) and not isinstance(fn, (staticmethod, classmethod)), (module, cls, name)
+
+
+def test_the_step_gap_line_reports_the_profiled_batch_alone():
+    # warm-up: 10 steps of 50 ms + 1 ms; then 20 more of 40 ms + 2 ms (the totals are means over all timed steps)
+    before = {"timed_steps": 10, "timed_step_span": 0.050, "timed_step_gap": 0.001}
+    after = {"timed_steps": 30, "timed_step_span": (0.5 + 0.8) / 30, "timed_step_gap": (0.01 + 0.04) / 30}
+    line = step_gap_line(before, after)
+    assert line.startswith("20 decoding steps")
+    assert "40.00 ms to the end of drafting, then 2.00 ms to the next step (4.8% of a step)" in line
+    assert step_gap_line(before, before) == "no decoding step timed in the profiled batch"

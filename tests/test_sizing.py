@@ -483,3 +483,7 @@ def test_a_step_costs_its_span_and_the_engine_work_until_the_next_one():
     timer.end(0.151)
     assert timer.begin(5.0, 1, 0) == (4, 2, False, pytest.approx(0.030))  # 4.85 s without work: the span alone
     assert timer.begin(5.1, 1, 0) is None  # the step at 5.0 never ended its drafting
+    # the totals the worker's stats report: two steps timed, their spans, and the one gap that counted
+    assert timer.timed == 2
+    assert timer.span_seconds == pytest.approx(0.050 + 0.030)
+    assert timer.gap_seconds == pytest.approx(0.002)

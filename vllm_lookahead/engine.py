@@ -458,6 +458,10 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         # the suffix tree the engine shares: the requests whose outputs it holds, and their tokens (its memory)
         "suffix_cached_requests": 0 if engine.suffix is None else engine.suffix.cached_requests(),
         "suffix_cached_tokens": 0 if engine.suffix is None else engine.suffix.cached_tokens(),
+        # the decoding steps the fit was fed: how many, and their mean span and gap to the next step (seconds)
+        "timed_steps": engine.timer.timed,
+        "timed_step_span": engine.timer.span_seconds / max(engine.timer.timed, 1),
+        "timed_step_gap": engine.timer.gap_seconds / max(engine.timer.timed, 1),
         # the step-cost fit the tree sizing uses (seconds, or relative units if fixed by node_cost)
         **dict(zip(COST_KEYS, engine.cost.coefficients(), strict=True)),
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth

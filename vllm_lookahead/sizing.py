@@ -182,11 +182,15 @@ class _TimedStep:
 class StepTimer:
     """Times pure decoding steps for the step-cost fit: from one step's start, through its drafting, to the next
     step's start, so that the engine's own work between two steps (scheduling, output processing: 1.4 ms of a 42 ms
-    step at batch 1 and 1.9 of 55 at 16 requests, bfloat16, on this CPU) is part of what a step costs. A gap longer
-    than the step itself is the engine waiting for requests, not work, and is left out."""
+    step at batch 1 and 1.9 of 55 at 16 requests, bfloat16, on this CPU: `benchmarks/profile_engine.py --wall`) is
+    part of what a step costs. A gap longer than the step itself is the engine waiting for requests, not work, and
+    is left out. Keeps the timed steps' totals (`timed`, `span_seconds`, `gap_seconds`) for the worker's stats."""
 
     def __init__(self) -> None:
         self._open: _TimedStep | None = None
+        self.timed = 0  # steps timed so far
+        self.span_seconds = 0.0  # their summed spans, start to end of drafting
+        self.gap_seconds = 0.0  # their summed gaps counted, end of drafting to the next step's start
 
     def begin(self, now: float, requests: int, drafts: int | None) -> tuple[int, int, bool, float] | None:
         """A step starts at `now`; drafts None: not a pure decoding step (not timed). Returns the step before, now
@@ -197,7 +201,11 @@ class StepTimer:
         if last is None or last.end is None:
             return None
         span, gap = last.end - last.start, now - last.end
-        return last.requests, last.drafts, last.branched, span + (gap if 0 <= gap <= span else 0.0)
+        gap = gap if 0 <= gap <= span else 0.0
+        self.timed += 1
+        self.span_seconds += span
+        self.gap_seconds += gap
+        return last.requests, last.drafts, last.branched, span + gap
 
     def branched(self, branched: bool) -> None:
         """Whether the step under way runs branched trees (the tree attention path)."""
