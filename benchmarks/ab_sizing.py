@@ -1,0 +1,188 @@
+"""The tree sizing's bar against a scaled one, step by step: one engine whose every other step sizes its trees as if a
+draft token cost `--scale` times what the fitted step cost says.
+
+    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/ab_sizing.py --concurrency 16 --scale 0.5
+
+Whether the sizing takes too few or too many nodes cannot be read from two whole runs on this machine: one code's
+runs move by up to 20% between rounds (`bench_methods.py --methods lookahead,lookahead-twin`). Here one in-process
+engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy, batch `--concurrency`) generates `--num-prompts` prompts of
+the set after a warm-up on other prompts of it, and the drafting after every other step prices a draft token at
+`--scale` times the fit's (`sizing.plan_step`, `sizing.choose_sizes` and `sizing.score_floor` get a frozen copy of the
+fit with both token prices scaled; the fit itself learns from every step). Each decoding step is timed as the
+engine's step-cost fit times it (`sizing.StepTimer`: from its start to the start of the next step, an idle gap left
+out) and credited to the bar its trees were sized under, with the tokens it made (its requests plus the drafts they
+accepted). Both halves see the same minutes of the machine and the same requests, so the tokens/s of the two bars
+compare within a few percent. Prints per bar: steps, draft tokens and tokens a request-step, tokens/s over its own
+steps, and the scaled bar's tokens/s over the fit's. The script wraps the engine from outside: the plugin carries no
+code for it. Greedy outputs stay exact under either bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+
+from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import engine as in_process_engine
+from _inprocess import prompts as set_prompts
+
+
+def positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return v
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(p, dtype="bfloat16", dataset="sharegpt", num_prompts=48, max_tokens=96)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument(
+        "--scale", type=positive, default=0.5, help="the other bar's price of a draft token, times the fit's"
+    )
+    return p.parse_args(argv)
+
+
+@dataclass
+class Tally:
+    """One bar's decoding steps: their count, requests, drafts, tokens made and seconds."""
+
+    steps: int = 0
+    requests: int = 0
+    drafts: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+
+    def add(self, requests: int, drafts: int, tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.requests += requests
+        self.drafts += drafts
+        self.tokens += tokens
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class Alternation:
+    """Which bar the next trees are sized under, and each bar's tally of the steps that ran them."""
+
+    scale: float
+    proposals: int = 0  # drafting calls so far: odd ones use the scaled bar
+    tallies: dict[float, Tally] = field(default_factory=dict)
+
+    def bar(self) -> float:
+        """The scale the drafting now under way uses."""
+        return self.scale if self.proposals % 2 else 1.0
+
+    def credit(self, bar: float, requests: int, drafts: int, tokens: int, seconds: float) -> None:
+        self.tallies.setdefault(bar, Tally()).add(requests, drafts, tokens, seconds)
+
+
+def scaled(cost, factor: float):  # noqa: ANN001, ANN201
+    """A frozen copy of a StepCost's current fit with both prices of a draft token times factor."""
+    from vllm_lookahead.sizing import StepCost
+
+    m = cost.coefficients()
+    return StepCost.frozen(m._replace(per_draft=m.per_draft * factor, per_draft_below=m.per_draft_below * factor))
+
+
+def step_seconds(start: float, end: float, next_start: float) -> float:
+    """As sizing.StepTimer times a step: its span plus the gap to the next step, unless that gap was idle time."""
+    span, gap = end - start, next_start - end
+    return span + (gap if 0 <= gap <= span else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from vllm import SamplingParams
+
+    from vllm_lookahead import engine
+
+    ab = Alternation(args.scale)
+    timing = {"on": False}
+    # the decoding step under way: start, requests, drafts, the engine's accepted count before it, the bar its trees
+    # were sized under; then the tokens it made and the end of its drafting
+    open_step: dict[str, object] = {}
+    plan, choose, floor = engine.plan_step, engine.choose_sizes, engine.score_floor
+
+    def plan_step(trees, caps, requests, cost, budget):  # noqa: ANN001, ANN202
+        return plan(trees, caps, requests, scaled(cost, ab.bar()), budget)
+
+    def choose_sizes(trees, caps, requests, cost, budget, branched=False):  # noqa: ANN001, ANN202
+        return choose(trees, caps, requests, scaled(cost, ab.bar()), budget, branched)
+
+    def score_floor(cost, requests):  # noqa: ANN001, ANN202
+        return floor(scaled(cost, ab.bar()), requests)
+
+    begin, propose = engine.LookaheadEngine.begin_step, engine.LookaheadEngine.propose
+
+    def begin_step(self, runner, scheduler_output):  # noqa: ANN001, ANN202
+        now = time.perf_counter()
+        last = dict(open_step)
+        open_step.clear()
+        if timing["on"] and last.get("end") is not None:
+            seconds = step_seconds(last["start"], last["end"], now)
+            ab.credit(last["bar"], last["requests"], last["drafts"], last["tokens"], seconds)
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        requests = runner.input_batch.num_reqs
+        drafts = sum(len(d) for d in spec.values())
+        if scheduler_output.total_num_scheduled_tokens == requests + drafts:  # a pure decoding step
+            bar = getattr(self, "_ab_bar", 1.0)
+            open_step.update(start=now, requests=requests, drafts=drafts, accepted=self.stats.accepted, bar=bar)
+        return begin(self, runner, scheduler_output)
+
+    def propose_(self, runner, sampled):  # noqa: ANN001, ANN202
+        if open_step:
+            # the tokens this step made: its verification ran before this hook
+            open_step["tokens"] = open_step["requests"] + self.stats.accepted - open_step["accepted"]
+        self._ab_bar = ab.bar()  # the bar the trees drafted now are sized under, read when they run
+        try:
+            return propose(self, runner, sampled)
+        finally:
+            ab.proposals += 1
+            if open_step:
+                open_step["end"] = time.perf_counter()
+
+    engine.plan_step, engine.choose_sizes, engine.score_floor = plan_step, choose_sizes, score_floor
+    engine.LookaheadEngine.begin_step = begin_step
+    engine.LookaheadEngine.propose = propose_
+
+    llm = in_process_engine(args, args.concurrency)
+    prompts = set_prompts(llm, args.dataset, args.num_prompts + max(args.concurrency, 2))
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
+    llm.generate(warm, sp, use_tqdm=False)  # outside the measured prompts: the suffix cache keeps finished outputs
+    timing["on"] = True
+    t0 = time.perf_counter()
+    if args.concurrency == 1:
+        outs = [o for p in prompts for o in llm.generate([p], sp, use_tqdm=False)]
+    else:
+        outs = llm.generate(prompts, sp, use_tqdm=True)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+
+    print(f"\n{args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} tokens in {seconds:.1f} s "
+          f"({tokens / seconds:.1f} tokens/s), every other step's trees sized at {args.scale}x the fitted price "
+          "of a draft token\n")  # fmt: skip
+    print("| bar | decoding steps | draft tokens a request-step | tokens a request-step | tokens/s over its steps |")
+    print("|---|---|---|---|---|")
+    for bar in (1.0, args.scale):
+        t = ab.tallies.get(bar, Tally())
+        r = max(t.requests, 1)
+        print(f"| {bar:g}x | {t.steps} | {t.drafts / r:.2f} | {t.tokens / r:.2f} | {t.rate:.1f} |")
+    base, other = ab.tallies.get(1.0, Tally()), ab.tallies.get(args.scale, Tally())
+    print(f"\n{args.scale:g}x the price over the fit's price, tokens/s of their steps: {other.rate / base.rate:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""`benchmarks/ab_sizing.py`: the alternation of the two bars, the scaled fit, and the steps' timing and tally."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
+
+from ab_sizing import Alternation, parse_args, scaled, step_seconds  # noqa: E402
+
+from vllm_lookahead.sizing import StepCost, score_floor  # noqa: E402
+
+
+def test_the_bars_alternate_and_each_step_is_credited_to_its_own():
+    ab = Alternation(0.5)
+    bars = []
+    for _ in range(4):
+        bars.append(ab.bar())
+        ab.proposals += 1
+    assert bars == [1.0, 0.5, 1.0, 0.5]
+    ab.credit(1.0, 16, 8, 20, 0.05)
+    ab.credit(0.5, 16, 24, 24, 0.08)
+    ab.credit(1.0, 16, 8, 22, 0.05)
+    assert ab.tallies[1.0].steps == 2 and ab.tallies[1.0].tokens == 42
+    assert ab.tallies[1.0].rate == pytest.approx(420.0)
+    assert ab.tallies[0.5].rate == pytest.approx(300.0)
+
+
+def test_the_scaled_fit_prices_draft_tokens_alone_and_lowers_the_bar():
+    cost = StepCost.frozen([0.030, 0.001, 0.002, 0.004, 6, 0.0005])
+    half = scaled(cost, 0.5).coefficients()
+    assert half == cost.coefficients()._replace(per_draft=0.001, per_draft_below=0.00025)
+    assert score_floor(scaled(cost, 0.5), 16) < score_floor(cost, 16)
+    assert scaled(cost, 1.0).coefficients() == cost.coefficients()
+
+
+def test_a_step_is_timed_as_the_step_cost_fit_times_it():
+    assert step_seconds(1.0, 1.040, 1.042) == pytest.approx(0.042)  # its span and the engine's work after it
+    assert step_seconds(1.0, 1.040, 3.0) == pytest.approx(0.040)  # an idle gap is left out
+
+
+def test_a_scale_must_be_positive():
+    assert parse_args(["--scale", "2"]).scale == 2.0
+    for bad in ("0", "-1", "x"):
+        with pytest.raises(SystemExit):
+            parse_args(["--scale", bad])
