@@ -118,7 +118,7 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     scheduled = ScheduledTree("a", 0, 0, 3, StepTree.chain([5, 6, 7]), True)
 
     def top(floor: float) -> dict:
-        engine._recycling_pays = engine._recycle_may_pay(floor)
+        engine._recycling_pays = engine._recycle_may_pay(floor, [engine.acceptance])
         return engine._path_top(logits, [0], [(scheduled, None, [1], [6, 7], True)], {0: [0, 1]})
 
     assert not engine.recycle.table
@@ -129,3 +129,28 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     assert top(0.0)  # tensor parallelism: no bar
     engine.recycle = None
     assert top(0.0) == {}
+
+
+class _Rate:
+    """Acceptance statistics whose recycled guesses are accepted at `rate` times their estimates."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    def factor(self, source: Source, depth: int) -> float:
+        assert source == Source.RECYCLE and depth == 1
+        return self.rate
+
+
+def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
+    """A greedy run's recycled guesses earning a third of their estimates keep the table untaught under a bar they
+    cannot clear, though the sampled statistics, which no request of the step uses, still sit at their prior."""
+    from vllm_lookahead.engine import LookaheadEngine
+
+    engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
+    assert engine.acceptance_sampled.factor(Source.RECYCLE, 1) == 1.0  # the prior: nothing sampled was seen
+    best = engine.recycle.best_estimate()
+    bar = best / 2  # above what a guess earning a third of its estimate scores, below a guess at its estimate
+    assert not engine._recycle_may_pay(bar, [_Rate(1 / 3)])  # greedy requests alone
+    assert engine._recycle_may_pay(bar, [_Rate(1 / 3), _Rate(1.0)])  # with sampled ones that earn their estimates
+    assert engine._recycle_may_pay(0.0, [_Rate(1 / 3)])  # no bar (tensor parallelism)

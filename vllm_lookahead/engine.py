@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -351,17 +351,19 @@ class LookaheadEngine:
             at += len(paths[i])
         return out
 
-    def _recycle_may_pay(self, floor: float) -> bool:
-        """Whether a recycled guess under x0 could clear a step's bar (`score_floor`), as its depth-1 rate says: the
-        recycling table is taught only then. The target's top-k along every path costs 0.3 ms of a 42 ms step at 16
-        requests, where the bar keeps recycled guesses out (2 accepted of 45 drafted in some 3000 request-steps at 16
-        ShareGPT requests); the table stays for when the batch shrinks. The rule reads no table, so an empty one is
+    def _recycle_may_pay(self, floor: float, stats: Sequence[AcceptanceStats]) -> bool:
+        """Whether a recycled guess under x0 could clear a step's bar (`score_floor`), as its depth-1 rate in the
+        step's requests' statistics (`stats`: greedy, sampled or both) says: the recycling table is taught only then.
+        The target's top-k along every path costs 0.3-0.6 ms of a 42-52 ms step at 16 requests, where the bar keeps
+        recycled guesses out (2 accepted of 45 drafted in some 3000 request-steps at 16 ShareGPT requests); the table
+        stays for when the batch shrinks. Only the kinds of request in the step count: the sampled statistics' rate
+        stays at its prior (1) in a greedy run and would let every bar in. The rule reads no table, so an empty one is
         taught. Under tensor parallelism (floor 0) every rank always teaches it, so that their tables stay equal."""
         if self.recycle is None:
             return False
         if floor <= 0:
             return True
-        rate = max(self.acceptance.factor(Source.RECYCLE, 1), self.acceptance_sampled.factor(Source.RECYCLE, 1))
+        rate = max((s.factor(Source.RECYCLE, 1) for s in stats), default=0.0)
         return self.recycle.best_estimate(rate) > floor
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
@@ -411,7 +413,7 @@ class LookaheadEngine:
             return drafts  # no room for a single draft token this step: the states have learned, nothing to build
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
         floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
-        self._recycling_pays = self._recycle_may_pay(floor)
+        self._recycling_pays = self._recycle_may_pay(floor, [state.stats for state, _ in ready])
         trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
         if self.ranks == 1:
             # Where the tree attention path costs more than its branches bring, each request's best chain alone.
