@@ -281,6 +281,8 @@ class LookaheadEngine:
     ) -> dict[int, list[int]]:
         md = runner.input_batch.sampling_metadata
         out = sampler_output.sampled_token_ids
+        # Written through a numpy view: a tenth of the time of two torch operations a request on a CPU.
+        out_rows = out.numpy()
         row0 = first_rows(spec_md)
         slot_mapping = runner.input_batch.block_table[0].slot_mapping.cpu
         moves_src: list[int] = []
@@ -301,10 +303,10 @@ class LookaheadEngine:
             else:
                 # The target's own draws along the tree (vLLM's sampler at x0, `draw` below it): exact, and for a
                 # seeded request the tokens plain decoding gives. The window still advances with the argmax.
-                first = int(out[s.req_index, 0]) if first_rows_sampled else None
+                first = int(out_rows[s.req_index, 0]) if first_rows_sampled else None
                 accepted, tokens = draw_verify(s.tree, partial(_draw_at, runner.sampler, md, s.req_index, rows, first))
-            out[s.req_index].fill_(-1)
-            out[s.req_index, : len(tokens)] = torch.tensor(tokens, dtype=out.dtype)
+            out_rows[s.req_index] = -1
+            out_rows[s.req_index, : len(tokens)] = tokens
             paths[s.req_index] = [0, *accepted]
             for d, u in enumerate(accepted, start=1):
                 if u != d:  # node u sits at the slot of position P+u; vLLM expects depth d at P+d
