@@ -73,18 +73,23 @@ class Tally:
 
 @dataclass
 class Alternation:
-    """Which bar the next trees are sized under, and each bar's tally of the steps that ran them."""
+    """Which bar the next trees are sized under (arm 0: the fit's, arm 1: the scaled one), and each arm's tally of
+    the steps that ran them. The arms are kept apart even at `--scale 1`, an A/A control of the method itself."""
 
     scale: float
     proposals: int = 0  # drafting calls so far: odd ones use the scaled bar
-    tallies: dict[float, Tally] = field(default_factory=dict)
+    tallies: tuple[Tally, Tally] = field(default_factory=lambda: (Tally(), Tally()))
 
-    def bar(self) -> float:
-        """The scale the drafting now under way uses."""
-        return self.scale if self.proposals % 2 else 1.0
+    def arm(self) -> int:
+        """The arm of the drafting now under way."""
+        return self.proposals % 2
 
-    def credit(self, bar: float, requests: int, drafts: int, tokens: int, seconds: float) -> None:
-        self.tallies.setdefault(bar, Tally()).add(requests, drafts, tokens, seconds)
+    def factor(self, arm: int) -> float:
+        """The arm's price of a draft token, times the fit's."""
+        return self.scale if arm else 1.0
+
+    def credit(self, arm: int, requests: int, drafts: int, tokens: int, seconds: float) -> None:
+        self.tallies[arm].add(requests, drafts, tokens, seconds)
 
 
 def scaled(cost, factor: float):  # noqa: ANN001, ANN201
@@ -115,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     plan, choose, floor = engine.plan_step, engine.choose_sizes, engine.score_floor
 
     def plan_step(trees, caps, requests, cost, budget):  # noqa: ANN001, ANN202
-        return plan(trees, caps, requests, scaled(cost, ab.bar()), budget)
+        return plan(trees, caps, requests, scaled(cost, ab.factor(ab.arm())), budget)
 
     def choose_sizes(trees, caps, requests, cost, budget, branched=False):  # noqa: ANN001, ANN202
-        return choose(trees, caps, requests, scaled(cost, ab.bar()), budget, branched)
+        return choose(trees, caps, requests, scaled(cost, ab.factor(ab.arm())), budget, branched)
 
     def score_floor(cost, requests):  # noqa: ANN001, ANN202
-        return floor(scaled(cost, ab.bar()), requests)
+        return floor(scaled(cost, ab.factor(ab.arm())), requests)
 
     begin, propose = engine.LookaheadEngine.begin_step, engine.LookaheadEngine.propose
 
@@ -131,20 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         open_step.clear()
         if timing["on"] and last.get("end") is not None:
             seconds = step_seconds(last["start"], last["end"], now)
-            ab.credit(last["bar"], last["requests"], last["drafts"], last["tokens"], seconds)
+            ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], seconds)
         spec = scheduler_output.scheduled_spec_decode_tokens
         requests = runner.input_batch.num_reqs
         drafts = sum(len(d) for d in spec.values())
         if scheduler_output.total_num_scheduled_tokens == requests + drafts:  # a pure decoding step
-            bar = getattr(self, "_ab_bar", 1.0)
-            open_step.update(start=now, requests=requests, drafts=drafts, accepted=self.stats.accepted, bar=bar)
+            arm = getattr(self, "_ab_arm", 0)
+            open_step.update(start=now, requests=requests, drafts=drafts, accepted=self.stats.accepted, arm=arm)
         return begin(self, runner, scheduler_output)
 
     def propose_(self, runner, sampled):  # noqa: ANN001, ANN202
         if open_step:
             # the tokens this step made: its verification ran before this hook
             open_step["tokens"] = open_step["requests"] + self.stats.accepted - open_step["accepted"]
-        self._ab_bar = ab.bar()  # the bar the trees drafted now are sized under, read when they run
+        self._ab_arm = ab.arm()  # the bar the trees drafted now are sized under, read when they run
         try:
             return propose(self, runner, sampled)
         finally:
@@ -175,11 +180,11 @@ def main(argv: list[str] | None = None) -> int:
           "of a draft token\n")  # fmt: skip
     print("| bar | decoding steps | draft tokens a request-step | tokens a request-step | tokens/s over its steps |")
     print("|---|---|---|---|---|")
-    for bar in (1.0, args.scale):
-        t = ab.tallies.get(bar, Tally())
+    for arm, t in enumerate(ab.tallies):
         r = max(t.requests, 1)
-        print(f"| {bar:g}x | {t.steps} | {t.drafts / r:.2f} | {t.tokens / r:.2f} | {t.rate:.1f} |")
-    base, other = ab.tallies.get(1.0, Tally()), ab.tallies.get(args.scale, Tally())
+        name = "fit" if arm == 0 else "scaled"
+        print(f"| {ab.factor(arm):g}x ({name}) | {t.steps} | {t.drafts / r:.2f} | {t.tokens / r:.2f} | {t.rate:.1f} |")
+    base, other = ab.tallies
     print(f"\n{args.scale:g}x the price over the fit's price, tokens/s of their steps: {other.rate / base.rate:.3f}")
     return 0
 

@@ -16,17 +16,29 @@ from vllm_lookahead.sizing import StepCost, score_floor  # noqa: E402
 
 def test_the_bars_alternate_and_each_step_is_credited_to_its_own():
     ab = Alternation(0.5)
-    bars = []
+    arms = []
     for _ in range(4):
-        bars.append(ab.bar())
+        arms.append(ab.arm())
         ab.proposals += 1
-    assert bars == [1.0, 0.5, 1.0, 0.5]
-    ab.credit(1.0, 16, 8, 20, 0.05)
-    ab.credit(0.5, 16, 24, 24, 0.08)
-    ab.credit(1.0, 16, 8, 22, 0.05)
-    assert ab.tallies[1.0].steps == 2 and ab.tallies[1.0].tokens == 42
-    assert ab.tallies[1.0].rate == pytest.approx(420.0)
-    assert ab.tallies[0.5].rate == pytest.approx(300.0)
+    assert arms == [0, 1, 0, 1]
+    assert [ab.factor(a) for a in arms] == [1.0, 0.5, 1.0, 0.5]
+    ab.credit(0, 16, 8, 20, 0.05)
+    ab.credit(1, 16, 24, 24, 0.08)
+    ab.credit(0, 16, 8, 22, 0.05)
+    fit, scaled_bar = ab.tallies
+    assert fit.steps == 2 and fit.tokens == 42
+    assert fit.rate == pytest.approx(420.0)
+    assert scaled_bar.rate == pytest.approx(300.0)
+
+
+def test_at_scale_one_the_arms_stay_apart():
+    """--scale 1 is an A/A control: both arms size alike and are still tallied apart."""
+    ab = Alternation(1.0)
+    assert ab.factor(0) == ab.factor(1) == 1.0
+    ab.credit(0, 16, 8, 20, 0.05)
+    ab.credit(1, 16, 8, 18, 0.05)
+    assert [t.steps for t in ab.tallies] == [1, 1]
+    assert [t.tokens for t in ab.tallies] == [20, 18]
 
 
 def test_the_scaled_fit_prices_draft_tokens_alone_and_lowers_the_bar():
