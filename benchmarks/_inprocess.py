@@ -1,12 +1,14 @@
-"""Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, tree_calibration, step_mix): their
-common options, one engine in this process on the embedded default model (greedy, eager) with a method's
-speculative_config, and a set's prompts as bench_methods feeds them."""
+"""Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, ab_sizing, tree_calibration,
+step_mix): their common options, one engine in this process on the embedded default model (greedy, eager) with a
+method's speculative_config, a set's prompts as bench_methods feeds them, and a timed generation after a warm-up."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 LOOKAHEAD: dict[str, Any] = {"method": "lookahead"}
@@ -53,3 +55,25 @@ def prompts(llm: Any, dataset: str, n: int) -> list[str]:
         return humaneval_prompts(n)
     tokenizer = llm.get_tokenizer()
     return [as_chat(tokenizer, text) for text in sharegpt_prompts(n)]
+
+
+def timed_generate(
+    llm: Any, args: argparse.Namespace, concurrency: int, on_start: Callable[[], None]
+) -> tuple[Any, float, int]:
+    """Warms the engine on other prompts of the set (outside the measured ones: the suffix cache keeps finished
+    outputs), calls `on_start`, then generates `--num-prompts` prompts greedily, `--max-tokens` each, one at a time
+    at concurrency 1 and all at once otherwise. Returns the outputs, the seconds and the tokens generated."""
+    from vllm import SamplingParams
+
+    texts = prompts(llm, args.dataset, args.num_prompts + max(concurrency, 2))
+    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    measured, warm = texts[: args.num_prompts], texts[args.num_prompts :]
+    llm.generate(warm, sp, use_tqdm=False)
+    on_start()
+    t0 = time.perf_counter()
+    if concurrency == 1:
+        outs = [o for p in measured for o in llm.generate([p], sp, use_tqdm=False)]
+    else:
+        outs = llm.generate(measured, sp, use_tqdm=True)
+    seconds = time.perf_counter() - t0
+    return outs, seconds, sum(len(o.outputs[0].token_ids) for o in outs)

@@ -24,9 +24,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import add_common_args, timed_generate  # the scripts run from benchmarks/, which is on sys.path
 from _inprocess import engine as in_process_engine
-from _inprocess import prompts as set_prompts
 
 
 def positive(text: str) -> float:
@@ -100,22 +99,16 @@ def scaled(cost, factor: float):  # noqa: ANN001, ANN201
     return StepCost.frozen(m._replace(per_draft=m.per_draft * factor, per_draft_below=m.per_draft_below * factor))
 
 
-def step_seconds(start: float, end: float, next_start: float) -> float:
-    """As sizing.StepTimer times a step: its span plus the gap to the next step, unless that gap was idle time."""
-    span, gap = end - start, next_start - end
-    return span + (gap if 0 <= gap <= span else 0.0)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vllm import SamplingParams
-
     from vllm_lookahead import engine
+    from vllm_lookahead.sizing import StepTimer
 
     ab = Alternation(args.scale)
     timing = {"on": False}
-    # the decoding step under way: start, requests, drafts, the engine's accepted count before it, the bar its trees
-    # were sized under; then the tokens it made and the end of its drafting
+    timer = StepTimer()  # times each decoding step as the engine's own step-cost fit does
+    # the decoding step under way: requests, drafts, the engine's accepted count before it, the bar its trees were
+    # sized under; then the tokens it made
     open_step: dict[str, object] = {}
     plan, choose, floor = engine.plan_step, engine.choose_sizes, engine.score_floor
 
@@ -134,15 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         now = time.perf_counter()
         last = dict(open_step)
         open_step.clear()
-        if timing["on"] and last.get("end") is not None:
-            seconds = step_seconds(last["start"], last["end"], now)
-            ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], seconds)
         spec = scheduler_output.scheduled_spec_decode_tokens
         requests = runner.input_batch.num_reqs
         drafts = sum(len(d) for d in spec.values())
-        if scheduler_output.total_num_scheduled_tokens == requests + drafts:  # a pure decoding step
+        pure = scheduler_output.total_num_scheduled_tokens == requests + drafts  # a pure decoding step
+        done = timer.begin(now, requests, drafts if pure else None)
+        if timing["on"] and done is not None and "tokens" in last:
+            ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], done[3])
+        if pure:
             arm = getattr(self, "_ab_arm", 0)
-            open_step.update(start=now, requests=requests, drafts=drafts, accepted=self.stats.accepted, arm=arm)
+            open_step.update(requests=requests, drafts=drafts, accepted=self.stats.accepted, arm=arm)
         return begin(self, runner, scheduler_output)
 
     def propose_(self, runner, sampled):  # noqa: ANN001, ANN202
@@ -154,26 +148,14 @@ def main(argv: list[str] | None = None) -> int:
             return propose(self, runner, sampled)
         finally:
             ab.proposals += 1
-            if open_step:
-                open_step["end"] = time.perf_counter()
+            timer.end(time.perf_counter())
 
     engine.plan_step, engine.choose_sizes, engine.score_floor = plan_step, choose_sizes, score_floor
     engine.LookaheadEngine.begin_step = begin_step
     engine.LookaheadEngine.propose = propose_
 
     llm = in_process_engine(args, args.concurrency)
-    prompts = set_prompts(llm, args.dataset, args.num_prompts + max(args.concurrency, 2))
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
-    llm.generate(warm, sp, use_tqdm=False)  # outside the measured prompts: the suffix cache keeps finished outputs
-    timing["on"] = True
-    t0 = time.perf_counter()
-    if args.concurrency == 1:
-        outs = [o for p in prompts for o in llm.generate([p], sp, use_tqdm=False)]
-    else:
-        outs = llm.generate(prompts, sp, use_tqdm=True)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    _, seconds, tokens = timed_generate(llm, args, args.concurrency, lambda: timing.update(on=True))
 
     print(f"\n{args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} tokens in {seconds:.1f} s "
           f"({tokens / seconds:.1f} tokens/s), every other step's trees sized at {args.scale}x the fitted price "

@@ -25,9 +25,8 @@ import statistics
 import sys
 import time
 
-from _inprocess import add_common_args  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import add_common_args, timed_generate  # the scripts run from benchmarks/, which is on sys.path
 from _inprocess import engine as in_process_engine
-from _inprocess import prompts as set_prompts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,8 +46,6 @@ def summary(times: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vllm import SamplingParams
-
     from vllm_lookahead import attention_path, engine, tree_attention, tree_attention_plan
 
     branched = [0]  # branched steps seen: odd ones take the plain-torch path
@@ -108,18 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     engine.LookaheadEngine.propose = propose_
 
     llm = in_process_engine(args, args.concurrency)
-    prompts = set_prompts(llm, args.dataset, args.num_prompts + max(args.concurrency, 2))
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
-    llm.generate(warm, sp, use_tqdm=False)  # outside the measured prompts: the suffix cache keeps finished outputs
-    timing["on"] = True
-    t0 = time.perf_counter()
-    if args.concurrency == 1:
-        outs = [o for p in prompts for o in llm.generate([p], sp, use_tqdm=False)]
-    else:
-        outs = llm.generate(prompts, sp, use_tqdm=True)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    _, seconds, tokens = timed_generate(llm, args, args.concurrency, lambda: timing.update(on=True))
 
     by = {k: [s for p, _, s in steps if p == k] for k in ("kernel", "plain-torch", "chain")}
     drafts = {k: [d for p, d, _ in steps if p == k] for k in ("kernel", "plain-torch")}

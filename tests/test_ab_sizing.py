@@ -1,4 +1,5 @@
-"""`benchmarks/ab_sizing.py`: the alternation of the two bars, the scaled fit, and the steps' timing and tally."""
+"""`benchmarks/ab_sizing.py`: the alternation of the two bars, the scaled fit, and the tally (a step is timed by
+`sizing.StepTimer`, tested in test_sizing.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
 
-from ab_sizing import Alternation, parse_args, scaled, step_seconds  # noqa: E402
+from ab_sizing import Alternation, parse_args, scaled  # noqa: E402
 
 from vllm_lookahead.sizing import StepCost, score_floor  # noqa: E402
 
@@ -47,11 +48,6 @@ def test_the_scaled_fit_prices_draft_tokens_alone_and_lowers_the_bar():
     assert half == cost.coefficients()._replace(per_draft=0.001, per_draft_below=0.00025)
     assert score_floor(scaled(cost, 0.5), 16) < score_floor(cost, 16)
     assert scaled(cost, 1.0).coefficients() == cost.coefficients()
-
-
-def test_a_step_is_timed_as_the_step_cost_fit_times_it():
-    assert step_seconds(1.0, 1.040, 1.042) == pytest.approx(0.042)  # its span and the engine's work after it
-    assert step_seconds(1.0, 1.040, 3.0) == pytest.approx(0.040)  # an idle gap is left out
 
 
 def test_a_scale_must_be_positive():
