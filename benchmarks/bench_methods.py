@@ -52,6 +52,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-line": {"method": "lookahead"},
     # Lookahead as it is, a second time in each round: an A/A control, the noise floor of a comparison in one run.
     "lookahead-twin": {"method": "lookahead"},
+    # Lookahead that drafts nothing from 2 concurrent requests on (a 2-token step budget, x0s included): what the
+    # plugin costs a batch by itself (its states still learn every step) against plain decoding.
+    "lookahead-nodraft": {"method": "lookahead", "step_token_budget": 2},
 }
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
