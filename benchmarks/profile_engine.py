@@ -34,12 +34,8 @@ import pstats
 import sys
 import time
 
-from _inprocess import (
-    LOOKAHEAD,  # the scripts run from benchmarks/, which is on sys.path
-    add_common_args,
-)
+from _inprocess import LOOKAHEAD, add_common_args, timed_generate  # the scripts run from benchmarks/, on sys.path
 from _inprocess import engine as in_process_engine
-from _inprocess import prompts as set_prompts
 
 # What `--wall` times: (module, owner class or "" for a module function, function), callers before their callees.
 WALL_TARGETS: tuple[tuple[str, str, str], ...] = (
@@ -147,30 +143,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vllm import SamplingParams
-
     llm = in_process_engine(args, args.concurrency, LOOKAHEAD if args.method == "lookahead" else None)
-    prompts = set_prompts(llm, args.dataset, args.num_prompts + args.concurrency)
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
-    # warm up on prompts outside the profiled ones: lookahead's suffix cache keeps finished outputs
-    prompts, warm = prompts[: args.num_prompts], prompts[args.num_prompts :]
-    llm.generate(warm, sp, use_tqdm=False)
-    before = llm.collective_rpc("lookahead_stats")[0] if args.method == "lookahead" else None
     prof = None if args.wall else cProfile.Profile()
     timer = WallTimer()
-    if args.wall:
-        timer.wrap_targets()
-    t0 = time.perf_counter()
-    if prof is not None:
-        prof.enable()
+    before: list[dict | None] = []
+
+    def start() -> None:  # after the warm-up: the profiled batch only
+        before.append(llm.collective_rpc("lookahead_stats")[0] if args.method == "lookahead" else None)
+        if args.wall:
+            timer.wrap_targets()
+        if prof is not None:
+            prof.enable()
+
     try:
-        outs = llm.generate(prompts, sp, use_tqdm=False)
+        _, seconds, tokens = timed_generate(llm, args, args.concurrency, start)
     finally:
         if prof is not None:
             prof.disable()
         timer.restore()
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
     under = "timed by the clock" if args.wall else "under cProfile"
     print(f"\n{what}, {args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
@@ -178,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.method == "lookahead":
         stats = llm.collective_rpc("lookahead_stats")[0]
         print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
-        print(step_gap_line(before, stats))
+        print(step_gap_line(before[0], stats))
     if prof is None:
         steps = timer.calls.get("LookaheadEngine.propose", 0)
         print(f"\nPlugin functions by wall time, {steps} engine steps:\n")
