@@ -52,6 +52,9 @@ SHAPES = {
 }
 
 
+ATTENTION = ("mask", "nomask", "none")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -61,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     m.add_argument("--tokens", default="1,2,4,8,16,32,64", help="tokens a request computes a step (x0 + drafts)")
     m.add_argument("--context", type=int, default=512, help="cached tokens a request")
     m.add_argument("--repeats", type=int, default=20)
+    m.add_argument(
+        "--attention",
+        choices=ATTENTION,
+        default="mask",
+        help="mask: SDPA with the step's mask; nomask: the same without one (another kernel); none: left out",
+    )
     m.add_argument("--out", type=Path, required=True)
     f = sub.add_parser("fit", help="the sizing's fit of the measured steps, per shape and batch")
     f.add_argument("json", type=Path)
@@ -85,9 +94,10 @@ class Decoder:
     """A Llama-shaped decoder with random weights; `reserve` gives it a static KV cache for `batch` requests of up to
     `max_len` tokens, and `step` computes `tokens` new tokens a request after `context` cached ones (their logits)."""
 
-    def __init__(self, shape: Shape, device: Any, dtype: Any) -> None:
+    def __init__(self, shape: Shape, device: Any, dtype: Any, attention: str = "mask") -> None:
         import torch
 
+        self.attention = attention
         self.gen = torch.Generator(device=device).manual_seed(0)
         h, d = shape.hidden, shape.hidden // shape.heads
         self.shape, self.head_dim, self.device, self.dtype = shape, d, device, dtype
@@ -150,7 +160,16 @@ class Decoder:
             self.cache[li, 1, :, :, context : context + t] = v
             keys = self.cache[li, 0, :, :, : context + t]
             values = self.cache[li, 1, :, :, : context + t]
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=s.kv_heads != s.heads)
+            if self.attention == "none":  # the step's other work alone
+                a = q
+            else:
+                a = F.scaled_dot_product_attention(
+                    q,
+                    keys,
+                    values,
+                    attn_mask=mask if self.attention == "mask" else None,
+                    enable_gqa=s.kv_heads != s.heads,
+                )
             x = x + a.transpose(1, 2).reshape(b, t, s.heads * d) @ layer["o"].T
             gate, up = (rms(x, layer["n2"]) @ layer["gate_up"].T).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ layer["down"].T
@@ -224,12 +243,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": str(dtype).removeprefix("torch."),
         "context": args.context,
         "graphs": cuda,
+        "attention": args.attention,
         "shapes": {},
     }
     for name in args.shapes.split(","):
         shape = SHAPES[name]
         steps = []
-        dec = Decoder(shape, device, dtype)
+        dec = Decoder(shape, device, dtype, args.attention)
         for batch in args.batches:
             dec.reserve(batch, args.context + max(args.tokens))
             for tokens in args.tokens:
@@ -271,7 +291,8 @@ def fit_batch(steps: Sequence[dict[str, float]], requests: int, feed: int, seed:
 def fit(path: Path, feed: int, plot: Path | None) -> list[tuple[str, dict[str, float]]]:
     data = json.loads(path.read_text())
     rows = []
-    print(f"{data['device']}, {data['dtype']}, {data['context']} cached tokens a request, CUDA graphs {data['graphs']}")
+    print(f"{data['device']}, {data['dtype']}, {data['context']} cached tokens a request, CUDA graphs "
+          f"{data['graphs']}, attention {data.get('attention', 'mask')}")  # fmt: skip
     print("\n| shape | requests | measured ms at T = 1 / 2x / max tokens | knee (tokens) | ms a token below / past "
           "it | bar a first draft must clear |")  # fmt: skip
     print("|---|---|---|---|---|---|")
