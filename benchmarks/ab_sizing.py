@@ -10,11 +10,12 @@ the set after a warm-up on other prompts of it, and the drafting after every oth
 `--scale` times the fit's (`sizing.plan_step`, `sizing.choose_sizes` and `sizing.score_floor` get a frozen copy of the
 fit with both token prices scaled; the fit itself learns from every step). Each decoding step is timed as the
 engine's step-cost fit times it (`sizing.StepTimer`: from its start to the start of the next step, an idle gap left
-out) and credited to the bar its trees were sized under, with the tokens it made (its requests plus the drafts they
-accepted). Both halves see the same minutes of the machine and the same requests, so the tokens/s of the two bars
-compare within a few percent. Prints per bar: steps, draft tokens and tokens a request-step, tokens/s over its own
-steps, and the scaled bar's tokens/s over the fit's. The script wraps the engine from outside: the plugin carries no
-code for it. Greedy outputs stay exact under either bar.
+out), its own drafting (which builds the next step's trees, under the other bar) swapped for the drafting that built
+its trees (`charged`), and credited to the bar its trees were sized under, with the tokens it made (its requests plus
+the drafts they accepted). Both halves see the same minutes of the machine and the same requests, so the tokens/s
+of the two bars compare within a few percent. Prints per bar: steps, draft tokens and tokens a request-step,
+tokens/s over its own steps, and the scaled bar's tokens/s over the fit's. The script wraps the engine from outside:
+the plugin carries no code for it. Greedy outputs stay exact under either bar.
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ def scaled(cost, factor: float):  # noqa: ANN001, ANN201
     return StepCost.frozen(m._replace(per_draft=m.per_draft * factor, per_draft_below=m.per_draft_below * factor))
 
 
+def charged(measured: float, own_drafting: float, built_by: float) -> float:
+    """A step's seconds as its bar is charged them: as the step-cost fit times it (from its start through the
+    drafting at its end to the next step's start), less that drafting (it builds the next step's trees, sized
+    under the other bar), plus the drafting that built its own trees. Without the swap, a step of a bar that drafts
+    little would carry the other bar's drafting and the other its cheap one."""
+    return measured - own_drafting + built_by
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from vllm_lookahead import engine
@@ -108,8 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     timing = {"on": False}
     timer = StepTimer()  # times each decoding step as the engine's own step-cost fit does
     # the decoding step under way: requests, drafts, the engine's accepted count before it, the bar its trees were
-    # sized under; then the tokens it made
+    # sized under, the seconds of the drafting that built them; then the tokens it made and its own drafting's seconds
     open_step: dict[str, object] = {}
+    drafting = [0.0]  # the seconds of the last drafting
     plan, choose, floor = engine.plan_step, engine.choose_sizes, engine.score_floor
 
     def plan_step(trees, caps, requests, cost, budget):  # noqa: ANN001, ANN202
@@ -133,10 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         pure = scheduler_output.total_num_scheduled_tokens == requests + drafts  # a pure decoding step
         done = timer.begin(now, requests, drafts if pure else None)
         if timing["on"] and done is not None and "tokens" in last:
-            ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], done[3])
+            seconds = charged(done[3], last["own_drafting"], last["built_by"])
+            ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], seconds)
         if pure:
             arm = getattr(self, "_ab_arm", 0)
-            open_step.update(requests=requests, drafts=drafts, accepted=self.stats.accepted, arm=arm)
+            open_step.update(
+                requests=requests, drafts=drafts, accepted=self.stats.accepted, arm=arm, built_by=drafting[0]
+            )
         return begin(self, runner, scheduler_output)
 
     def propose_(self, runner, sampled):  # noqa: ANN001, ANN202
@@ -144,11 +157,16 @@ def main(argv: list[str] | None = None) -> int:
             # the tokens this step made: its verification ran before this hook
             open_step["tokens"] = open_step["requests"] + self.stats.accepted - open_step["accepted"]
         self._ab_arm = ab.arm()  # the bar the trees drafted now are sized under, read when they run
+        t0 = time.perf_counter()
         try:
             return propose(self, runner, sampled)
         finally:
             ab.proposals += 1
-            timer.end(time.perf_counter())
+            now = time.perf_counter()
+            timer.end(now)
+            drafting[0] = now - t0
+            if open_step:
+                open_step["own_drafting"] = drafting[0]
 
     engine.plan_step, engine.choose_sizes, engine.score_floor = plan_step, choose_sizes, score_floor
     engine.LookaheadEngine.begin_step = begin_step

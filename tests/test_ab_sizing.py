@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
 
-from ab_sizing import Alternation, parse_args, scaled  # noqa: E402
+from ab_sizing import Alternation, charged, parse_args, scaled  # noqa: E402
 
 from vllm_lookahead.sizing import StepCost, score_floor  # noqa: E402
 
@@ -55,3 +55,10 @@ def test_a_scale_must_be_positive():
     for bad in ("0", "-1", "x"):
         with pytest.raises(SystemExit):
             parse_args(["--scale", bad])
+
+
+def test_a_step_is_charged_the_drafting_that_built_its_trees():
+    """A step timed at 50 ms whose own drafting (for the next step, the other bar's trees) took 3 ms, and whose trees
+    took 0.5 ms to draft: its bar is charged 47.5 ms, not the other bar's drafting."""
+    assert charged(0.050, 0.003, 0.0005) == pytest.approx(0.0475)
+    assert charged(0.050, 0.002, 0.002) == pytest.approx(0.050)  # alike drafting: as the fit times it
