@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     timing = {"on": False}
     timer = StepTimer()  # times each decoding step as the engine's own step-cost fit does
     # the decoding step under way: requests, drafts, the engine's accepted count before it, the bar its trees were
-    # sized under, the seconds of the drafting that built them; then the tokens it made and its own drafting's seconds
+    # sized under, the seconds of the drafting that built them; then the tokens it made
     open_step: dict[str, object] = {}
-    drafting = [0.0]  # the seconds of the last drafting
+    drafting = [0.0]  # the seconds of the last drafting: at a step's start, what built its trees; at the next, its own
     plan, choose, floor = engine.plan_step, engine.choose_sizes, engine.score_floor
 
     def plan_step(trees, caps, requests, cost, budget):  # noqa: ANN001, ANN202
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         pure = scheduler_output.total_num_scheduled_tokens == requests + drafts  # a pure decoding step
         done = timer.begin(now, requests, drafts if pure else None)
         if timing["on"] and done is not None and "tokens" in last:
-            seconds = charged(done[3], last["own_drafting"], last["built_by"])
+            seconds = charged(done[3], drafting[0], last["built_by"])
             ab.credit(last["arm"], last["requests"], last["drafts"], last["tokens"], seconds)
         if pure:
             arm = getattr(self, "_ab_arm", 0)
@@ -165,8 +165,6 @@ def main(argv: list[str] | None = None) -> int:
             now = time.perf_counter()
             timer.end(now)
             drafting[0] = now - t0
-            if open_step:
-                open_step["own_drafting"] = drafting[0]
 
     engine.plan_step, engine.choose_sizes, engine.score_floor = plan_step, choose_sizes, score_floor
     engine.LookaheadEngine.begin_step = begin_step
