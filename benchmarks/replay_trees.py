@@ -14,6 +14,12 @@ would. A node's argmax is known only on the true path (elsewhere the Jacobi wind
 own part is underrated; prompt lookup, the pool and the suffix trees (a global cache over the replayed requests, in
 order) replay as they run. Prints, per dataset, tokens per step, draft nodes per step and the tokens per modelled
 second. For comparing drafting and scoring changes; the engine benchmarks (`bench_methods.py`) have the last word.
+
+`--calibration` adds, per dataset, how well the node scores the sizing reads predict acceptance: every node of every
+step's tree whose position the output reaches, by score, the carried ones (those the sizing took) apart from the
+drafted ones it left out, with their mean score and the share the sequence went through. Where the two columns
+agree, the sizing weighs the right odds (window slots excepted: their worth lies in the n-grams they find, which the
+replay cannot see).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens a step computes up to which a token costs --per-token-below instead (1: a straight line)",
     )
     p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
+    p.add_argument("--calibration", action="store_true", help="also print the node scores against acceptance")
     p.add_argument(
         "--sizing-line",
         default=None,
@@ -120,11 +127,14 @@ def replay(
     model: Sequence[float],
     warm: int = 0,
     truth: Sequence[float] | None = None,
+    calibration: list[tuple[float, bool, bool]] | None = None,
 ) -> tuple[float, float, float]:
     """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
     (prompt, greedy output[, the target's top tokens at each output position]) replayed in order through one
     engine's shared statistics, suffix cache and token-recycling table (which learns only where the top tokens are
-    given). Raises if a replayed output differs from the known one (the replay must be exact)."""
+    given). Raises if a replayed output differs from the known one (the replay must be exact). `calibration`, when
+    given, receives (score, carried, accepted) for each node of each counted step's tree that lies within the output:
+    carried if the step verified it, accepted if the output goes through it."""
     from vllm_lookahead.acceptance import AcceptanceStats
     from vllm_lookahead.recycle import TokenRecycler
     from vllm_lookahead.sizing import StepCost, plan_step, score_floor
@@ -148,8 +158,16 @@ def replay(
         while len(made) < len(output):
             tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
             trees, sizes = plan_step([tree], [1 << 16], 1, cost, 1 << 16)
-            tree = trees[0].truncate(sizes[0])
             truth = output[len(made) :]
+            if calibration is not None and rid >= warm:
+                whole = trees[0]
+                through, _ = whole.follow(truth)
+                calibration.extend(
+                    (whole.scores[u], u < sizes[0], u in through)
+                    for u in range(1, whole.num_nodes)
+                    if whole.depths[u] <= len(truth)
+                )
+            tree = trees[0].truncate(sizes[0])
             on, _ = tree.follow(truth)
             # the target's argmax where it is known (the true path); elsewhere a token no draft has
             argmax = [
@@ -169,6 +187,31 @@ def replay(
         if made != list(output):
             raise AssertionError(f"replay of request {rid} differs from its output")
     return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
+
+
+SCORE_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+
+
+def calibration_table(records: Sequence[tuple[float, bool, bool]]) -> list[str]:
+    """Markdown rows of `replay`'s calibration records by score (SCORE_EDGES): carried and left-out nodes, each with
+    their count, mean score and the share accepted."""
+    rows = [
+        "| score | carried nodes | their mean score | accepted | left-out nodes | their mean score | accepted |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for lo, hi in zip(SCORE_EDGES, (*SCORE_EDGES[1:], float("inf")), strict=True):
+        cells = []
+        for carried in (True, False):
+            sel = [(s, a) for s, c, a in records if c == carried and lo <= s < hi]
+            n = len(sel)
+            cells += [
+                str(n),
+                *(["-", "-"] if not n else [f"{sum(s for s, _ in sel) / n:.3f}", f"{sum(a for _, a in sel) / n:.3f}"]),
+            ]
+        if cells[0] != "0" or cells[3] != "0":
+            label = f"{lo:.2f}+" if hi == float("inf") else f"{lo:.2f}-{hi:.2f}"
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,13 +236,20 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
     print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
     print("|---|---|---|---|---|")
+    records: dict[str, list[tuple[float, bool, bool]]] = {}
     for ds in DATASETS:
         requests = data[ds]
         # the last request is the warm-up, replayed first
         paid = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
         model = paid if args.sizing_line is None else cost_model(*args.sizing_line)
-        tf, nodes, rate = replay([requests[-1], *requests[:-1]], params, model, warm=1, truth=paid)
+        calibration = records[ds] = [] if args.calibration else None
+        tf, nodes, rate = replay(
+            [requests[-1], *requests[:-1]], params, model, warm=1, truth=paid, calibration=calibration
+        )
         print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
+    for ds, rec in records.items():
+        print(f"\n{ds}: node scores against acceptance\n")
+        print("\n".join(calibration_table(rec)))
     return 0
 
 

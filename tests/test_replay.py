@@ -93,3 +93,27 @@ def test_bad_cost_flags_are_refused_naming_the_flag(flags, capsys):
 
 def test_sizing_line_is_read_as_two_seconds():
     assert parse_args(["--sizing-line", "0.03,0.0012"]).sizing_line == (0.03, 0.0012)
+
+
+def test_calibration_records_every_carried_node_the_output_went_through():
+    params = LookaheadParams(suffix_candidates=0)
+    prompt, output = PERIOD[:6], (PERIOD * 10)[6:100]
+    records: list[tuple[float, bool, bool]] = []
+    per_step, _, _ = replay([(prompt, output)], params, cost_model(0.035, 0.001), calibration=records)
+    tokens = len(output) - 1  # the first is the prefill's
+    steps = round(tokens / per_step)
+    carried_accepted = sum(1 for _, carried, accepted in records if carried and accepted)
+    # every accepted draft is a carried node the output went through; a step whose output ended inside its tree
+    # may have one more such node than it emitted drafts
+    assert tokens - steps <= carried_accepted <= tokens - steps + 1
+    assert all(0.0 < score <= 1.0 for score, _, _ in records)
+    assert any(not carried for _, carried, _ in records)  # the sizing left some drafted nodes out
+
+
+def test_calibration_table_buckets_by_score():
+    from benchmarks.replay_trees import calibration_table
+
+    rows = calibration_table([(0.95, True, True), (0.93, True, False), (0.01, False, False)])
+    assert rows[2] == "| 0.00-0.02 | 0 | - | - | 1 | 0.010 | 0.000 |"
+    assert rows[3] == "| 0.90+ | 2 | 0.940 | 0.500 | 0 | - | - |"
+    assert len(rows) == 4  # empty buckets are left out
