@@ -73,8 +73,9 @@ SPEC_COUNTERS = {
 SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argparse.Namespace:
+    """The flags; `doc`: the help's description (another script's, for one that shares them)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
     p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset")
@@ -265,8 +266,9 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
     }
 
 
-def worker(args: argparse.Namespace) -> int:
-    method = args.worker
+def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """The method's warmed-up engine and its result so far (status, spec_config); the engine is None when the method
+    is skipped or its engine did not start (the result says why)."""
     if args.temperature > 0:
         # vLLM 0.32's CPU rejection sampler spreads uninitialised temperatures over the drafts (README, "Which
         # requests use it"); lookahead never relies on it, and this fixes it for ngram and suffix too.
@@ -278,16 +280,10 @@ def worker(args: argparse.Namespace) -> int:
     if method == "lookahead-line":
         os.environ["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
     result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
-
-    def finish(**fields: Any) -> int:
-        result.update(fields)
-        Path(args.result_file).write_text(json.dumps(result))
-        return 0
-
     if method in REQUIRES:
         module, how = REQUIRES[method]
         if importlib.util.find_spec(module) is None:
-            return finish(status="skipped", reason=f"{module} is not installed ({how})")
+            return None, {**result, "status": "skipped", "reason": f"{module} is not installed ({how})"}
 
     from vllm import LLM
 
@@ -306,26 +302,39 @@ def worker(args: argparse.Namespace) -> int:
         text = _one_line(e)
         rejected = method != "none" and ("speculative" in text.lower() or method in text.lower())
         if rejected:
-            return finish(status="skipped", reason=f"engine rejected it: {text}")
-        return finish(status="failed", reason=f"engine did not start: {text}")
+            return None, {**result, "status": "skipped", "reason": f"engine rejected it: {text}"}
+        return None, {**result, "status": "failed", "reason": f"engine did not start: {text}"}
 
     from vllm import SamplingParams
 
     # Warm up in the measured mode: N concurrent requests when --concurrency N.
     warmup = [WARMUP_PROMPT] * args.concurrency
     llm.generate(warmup, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
-    tokenizer = llm.get_tokenizer()
-    datasets: dict[str, Any] = {}
-    for dataset in args.dataset_list:
-        prompts = load_prompts(dataset, args.num_prompts, tokenizer)
-        try:
-            datasets[dataset] = run_dataset(llm, prompts, args, f"{method}/{dataset}")
-        except Exception as e:
-            datasets[dataset] = {"status": "failed", "reason": _one_line(e)}
-        if method.startswith("lookahead"):
-            # the worker's counters after this dataset: the step-cost line its sizing used, acceptance per source
-            datasets[dataset]["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
-    return finish(status="ok", datasets=datasets)
+    return llm, {**result, "status": "ok"}
+
+
+def measure(llm: Any, method: str, dataset: str, prompts: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """One dataset's run (`run_dataset`), a failure reported as its status, with lookahead's worker counters."""
+    try:
+        data = run_dataset(llm, prompts, args, f"{method}/{dataset}")
+    except Exception as e:
+        data = {"status": "failed", "reason": _one_line(e)}
+    if method.startswith("lookahead"):
+        # the worker's counters after this dataset: the step-cost line its sizing used, acceptance per source
+        data["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
+    return data
+
+
+def worker(args: argparse.Namespace) -> int:
+    method = args.worker
+    llm, result = start_engine(method, args)
+    if llm is not None:
+        tokenizer = llm.get_tokenizer()
+        result["datasets"] = {
+            d: measure(llm, method, d, load_prompts(d, args.num_prompts, tokenizer), args) for d in args.dataset_list
+        }
+    Path(args.result_file).write_text(json.dumps(result))
+    return 0
 
 
 def _one_line(e: BaseException, limit: int = 400) -> str:
