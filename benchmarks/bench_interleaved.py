@@ -273,7 +273,6 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
     }
     append_jsonl(jsonl, settings, rows)
-    print(f"raw results appended to: {jsonl}")
     return 0
 
 
