@@ -12,6 +12,7 @@ from vllm_lookahead.patches import (
     attention,
     cli,
     cpu_sampling,
+    draft_transfer,
     model_runner,
     requests,
     scheduler,
@@ -29,6 +30,7 @@ PATCHES: list[Patch] = [
     *cpu_sampling.PATCHES,
     *scheduler.PATCHES,
     *requests.PATCHES,
+    *draft_transfer.PATCHES,
 ]
 
 
