@@ -256,22 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     png, jsonl = out_dir / f"{stem}.png", out_dir / f"{stem}.jsonl"
     if save_rounds_chart(rounds, args, png, title):
         print(f"\nchart: {png}")
-    settings = {
-        "model": model,
-        "dtype": args.dtype,
-        "eager": args.eager,
-        "concurrency": args.concurrency,
-        "num_prompts": args.num_prompts,
-        "max_tokens": args.max_tokens,
-        "range_ratio": args.range_ratio,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "runtime": runtime,
-        "rounds": args.rounds,
-        "interleaved": True,
-        "max_model_len": args.max_model_len,
-        "cpu_count": os.cpu_count(),
-    }
+    settings = {**bm.run_settings(args, model, runtime), "interleaved": True}
     append_jsonl(jsonl, settings, rows)
     return 0
 

@@ -566,6 +566,25 @@ def run_order(methods: list[str], round_index: int) -> list[str]:
     return methods[k:] + methods[:k]
 
 
+def run_settings(args: argparse.Namespace, model: str, runtime: str) -> dict[str, Any]:
+    """The settings a results JSONL line records beside its rows."""
+    return {
+        "model": model,
+        "dtype": args.dtype,
+        "eager": args.eager,
+        "concurrency": args.concurrency,
+        "num_prompts": args.num_prompts,
+        "max_tokens": args.max_tokens,
+        "range_ratio": args.range_ratio,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "runtime": runtime,
+        "rounds": args.rounds,
+        "max_model_len": args.max_model_len,
+        "cpu_count": os.cpu_count(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -604,22 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     png, jsonl = out_dir / f"{stem}.png", out_dir / f"{stem}.jsonl"
     if save_chart(rows, args, png, title):
         print(f"\nchart: {png}")
-    settings = {
-        "model": model,
-        "dtype": args.dtype,
-        "eager": args.eager,
-        "concurrency": args.concurrency,
-        "num_prompts": args.num_prompts,
-        "max_tokens": args.max_tokens,
-        "range_ratio": args.range_ratio,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "runtime": runtime,
-        "rounds": args.rounds,
-        "max_model_len": args.max_model_len,
-        "cpu_count": os.cpu_count(),
-    }
-    append_jsonl(jsonl, settings, rows)
+    append_jsonl(jsonl, run_settings(args, model, runtime), rows)
     return 0
 
 

@@ -5,12 +5,12 @@
 vLLM on a CPU runs each linear layer through a oneDNN handler (`_custom_ops.create_onednn_mm`), which builds a matmul
 primitive per number of rows (a step's tokens) and keeps 32 of them per weight shape, shared by every layer of that
 shape (vLLM's `csrc/cpu/dnnl_helper.cpp`). Lookahead's steps come in more sizes than plain decoding's, so this asks
-what a size costs. For each weight shape of the embedded model's linear layers (random weights), the mean
-microseconds of a call:
-- hit: at sizes the handler keeps (30 sizes in turn);
-- first: at sizes never seen before (oneDNN builds and compiles the primitive);
-- rebuilt: at 40 sizes in turn, more than the 32 kept, so that every call rebuilds its primitive (from oneDNN's
-  process-wide cache of compiled primitives).
+what a size costs. For each weight shape of the embedded model's linear layers (random weights), a fresh handler,
+and the mean microseconds of a call at the same 16 step sizes (20-35 rows) in every column, each call timed alone:
+- first: each size's first call in the process (oneDNN builds and compiles the primitive);
+- hit: the same sizes again, kept by the handler;
+- rebuilt: the same sizes again, each after 32 other sizes (filler calls, not timed), so that the handler has
+  dropped it and rebuilds its primitive (from oneDNN's process-wide cache of compiled primitives).
 The last row sums the shapes: a step of a new size builds one primitive per shape (the layers sharing a shape share
 it), so it pays the sum once, and a rebuild's sum each time its size has fallen out of the 32 kept.
 """
@@ -23,9 +23,29 @@ import sys
 import time
 from pathlib import Path
 
-HIT_SIZES = range(11, 41)  # 30 sizes: all kept after the first pass
-FIRST_SIZES = range(200, 216)  # never used before in the process
-CYCLE_SIZES = range(41, 81)  # 40 sizes through 32 places: each call rebuilds
+MEASURED = tuple(range(20, 36))  # the step sizes timed, the same in every column
+FILLERS = tuple(range(36, 68))  # 32 sizes called between two calls of a measured size: the handler keeps 32
+KEPT = 32  # primitives a handler keeps (vLLM's default for its linear layers)
+
+
+def rebuild_cycle(measured: tuple[int, ...], fillers: tuple[int, ...]) -> list[int]:
+    """The measured sizes, each followed by an equal share of the fillers: more than KEPT other sizes come
+    between two calls of one size, so whatever order the handler drops sizes in, each call rebuilds."""
+    per = len(fillers) // len(measured)
+    out: list[int] = []
+    for i, m in enumerate(measured):
+        out += [m, *fillers[i * per : (i + 1) * per]]
+    return out
+
+
+def call_plan(reps: int, measured: tuple[int, ...] = MEASURED, fillers: tuple[int, ...] = FILLERS):
+    """(column or None for an untimed call, rows) in the order called on one fresh handler."""
+    cycle = rebuild_cycle(measured, fillers)
+    plan: list[tuple[str | None, int]] = [("first", m) for m in measured]
+    plan += [("hit", m) for _ in range(reps) for m in measured]
+    plan += [(None, m) for m in cycle]  # the fillers' own first builds
+    plan += [("rebuilt" if m in measured else None, m) for _ in range(reps) for m in cycle]
+    return plan
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,22 +81,26 @@ def time_shape(n: int, k: int, dtype: object, reps: int) -> tuple[float, float, 
     import torch
     from vllm import _custom_ops as ops
 
-    handler = ops.create_onednn_mm(torch.randn(n, k, dtype=dtype).t(), 32)
-    xs = {m: torch.randn(m, k, dtype=dtype) for m in (*HIT_SIZES, *FIRST_SIZES, *CYCLE_SIZES)}
-
-    def mean_us(sizes: range | list[int], passes: int) -> float:
+    handler = ops.create_onednn_mm(torch.randn(n, k, dtype=dtype).t(), KEPT)
+    xs = {m: torch.randn(m, k, dtype=dtype) for m in (*MEASURED, *FILLERS)}
+    spent: dict[str, list[float]] = {"hit": [], "first": [], "rebuilt": []}
+    for column, m in call_plan(reps):
         t = time.perf_counter()
-        for _ in range(passes):
-            for m in sizes:
-                ops.onednn_mm(handler, xs[m], None)
-        return (time.perf_counter() - t) * 1e6 / (passes * len(sizes))
-
-    mean_us(HIT_SIZES, 1)  # build them
-    hit = mean_us(HIT_SIZES, reps)
-    first = mean_us(FIRST_SIZES, 1)
-    mean_us(CYCLE_SIZES, 1)
-    rebuilt = mean_us(CYCLE_SIZES, reps)
+        ops.onednn_mm(handler, xs[m], None)
+        if column is not None:
+            spent[column].append(time.perf_counter() - t)
+    hit, first, rebuilt = (sum(v) * 1e6 / len(v) for v in spent.values())
     return hit, first, rebuilt
+
+
+def warm_up(dtype: object) -> None:
+    """One call on a throwaway shape, so that the first shape timed does not pay the library's own start."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    ops.onednn_mm(
+        ops.create_onednn_mm(torch.randn(8, 24, dtype=dtype).t(), KEPT), torch.randn(3, 24, dtype=dtype), None
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((Path(args.model) / "config.json").read_text())
     dtype = getattr(torch, args.dtype)
     print(f"{Path(args.model).name}, {args.dtype}, {torch.get_num_threads()} threads: microseconds a call\n")
+    warm_up(dtype)
+    print(f"sizes {MEASURED[0]}-{MEASURED[-1]} rows in every column\n")
     print("| weight shape | layer | hit | first | rebuilt |")
     print("|---|---|---|---|---|")
     total = [0.0, 0.0, 0.0]

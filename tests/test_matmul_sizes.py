@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.matmul_sizes import linear_shapes, main, parse_args
+from benchmarks.matmul_sizes import KEPT, call_plan, linear_shapes, main, parse_args
 
 
 def test_linear_shapes_follow_the_config():
@@ -26,6 +26,26 @@ def test_linear_shapes_follow_the_config():
         "down_proj": (64, 96),
         "lm_head": (500, 64),
     }
+
+
+def test_every_column_times_the_same_row_counts():
+    plan = call_plan(reps=2)
+    sizes = {c: sorted(m for col, m in plan if col == c) for c in ("first", "hit", "rebuilt")}
+    assert sizes["first"] and sizes["hit"] == sizes["rebuilt"] == sorted(sizes["first"] * 2)
+
+
+def test_first_calls_are_first_hits_are_kept_and_rebuilt_calls_were_dropped():
+    plan = call_plan(reps=2)
+    for i, (col, m) in enumerate(plan):
+        before = [size for _, size in plan[:i]]
+        if col == "first":
+            assert m not in before
+            continue
+        if col is None:
+            continue
+        last = len(before) - 1 - before[::-1].index(m)
+        others = len(set(before[last + 1 :]))  # other sizes since this size's last call
+        assert others < KEPT if col == "hit" else others > KEPT
 
 
 def test_it_times_every_shape_of_a_model(tmp_path, capsys):
