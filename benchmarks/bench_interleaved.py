@@ -15,8 +15,9 @@ a while does, never the measured prompts' own. HumanEval's 164 problems bound --
 
 Prints per set and method the median over rounds of its tokens/s over plain decoding's in the same round (with the
 lowest and highest), then per round which method was the fastest. The table's other columns are those of
-`bench_methods.py`, from the median round. Saves a plot of every round's ratios and appends the rows (each with all
-its rounds) to a JSONL file named after the settings.
+`bench_methods.py`, from the median round, except tokens per forward, drafts a step and acceptance: pooled over all
+rounds, which every method ran (`bench_methods.median_rows`). Saves a plot of every round's ratios and appends the
+rows (each with all its rounds) to a JSONL file named after the settings.
 """
 
 from __future__ import annotations

@@ -434,7 +434,9 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per (dataset, method): the round whose ratio to its own round's none is the median (none: the
     median tokens/s), with every round's ratio and tokens/s beside it and the fewest identical outputs of any
-    round."""
+    round. Tokens per forward, drafts a step and acceptance are pooled over all rounds instead (each round's own
+    in `tokens_per_forward_rounds`): every method ran every round's prompts, while each method's median round may
+    be another round, with other prompts, so the median round's would compare different texts."""
     if len(rounds) == 1:
         return rounds[0]
     rows = []
@@ -451,8 +453,28 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         row["tokens_per_s_rounds"] = [c["tokens_per_s"] for c in ok]
         if all("identical" in c for c in ok):
             row["identical"] = min(c["identical"] for c in ok)
+        row.update(pooled_counts(ok))
         rows.append(row)
     return rows
+
+
+def pooled_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tokens per forward, drafts a step and acceptance over all of `cells` (rounds) together, and each round's
+    tokens per forward; nothing where a round lacks the counts."""
+    if not cells or any("spec_counters" not in c or "output_tokens" not in c for c in cells):
+        return {}
+    out = sum(c["output_tokens"] for c in cells)
+    accepted = sum(c["spec_counters"]["accepted_tokens"] for c in cells)
+    draft_tokens = sum(c["spec_counters"]["draft_tokens"] for c in cells)
+    forwards = out - accepted
+    if forwards <= 0:
+        return {}
+    return {
+        "tokens_per_forward": out / forwards,
+        "drafts_per_step": draft_tokens / forwards,
+        "acceptance": accepted / draft_tokens if draft_tokens else None,
+        "tokens_per_forward_rounds": [c["tokens_per_forward"] for c in cells],
+    }
 
 
 def _fmt(value: Any, spec: str) -> str:

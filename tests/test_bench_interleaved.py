@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their siblings
 
 from bench_interleaved import fastest, parse_args  # noqa: E402
+from bench_methods import median_rows  # noqa: E402
 
 
 def test_rounds_that_would_run_out_of_humaneval_prompts_are_refused():
@@ -28,6 +29,28 @@ def test_fastest_is_the_method_with_the_most_tokens_per_second():
         {"dataset": "humaneval", "method": "suffix", "status": "failed"},
     ]
     assert fastest(rows, ["humaneval", "sharegpt"]) == {"humaneval": "lookahead"}
+
+
+def _cell(method: str, vs_none: float, out: int, accepted: int, drafts: int) -> dict:
+    return {
+        "dataset": "humaneval", "method": method, "status": "ok", "vs_none": vs_none, "tokens_per_s": vs_none,
+        "output_tokens": out, "tokens_per_forward": out / (out - accepted),
+        "spec_counters": {"accepted_tokens": accepted, "draft_tokens": drafts},
+    }  # fmt: skip
+
+
+def test_tokens_per_forward_are_pooled_over_rounds_not_the_median_rounds():
+    # Each method's median round is another round (its texts differ): a's is round 2, b's round 1.
+    rounds = [
+        [_cell("a", 1.0, 100, 50, 200), _cell("b", 2.0, 100, 20, 40)],
+        [_cell("a", 2.0, 300, 100, 300), _cell("b", 1.0, 300, 100, 200)],
+        [_cell("a", 3.0, 200, 100, 300), _cell("b", 3.0, 200, 100, 200)],
+    ]
+    a, b = median_rows(rounds)
+    assert a["vs_none"] == 2.0 and b["vs_none"] == 2.0  # the median rounds: 2 and 1
+    assert a["tokens_per_forward"] == 600 / 350 and b["tokens_per_forward"] == 600 / 380
+    assert a["drafts_per_step"] == 800 / 350 and a["acceptance"] == 250 / 800
+    assert b["tokens_per_forward_rounds"] == [100 / 80, 300 / 200, 200 / 100]
 
 
 def test_two_live_engines_take_turns_over_two_rounds(tmp_path):
