@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -405,19 +406,13 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
                 continue
             out, spec = data["output_tokens"], data["spec"]
             tps = out / data["time_s"] if data["time_s"] > 0 else float("nan")
-            forwards = out - spec["accepted_tokens"]
-            drafts = spec["drafts"]
             row.update(
                 status="ok",
                 prompts=len(data["token_ids"]),
                 output_tokens=out,
                 time_s=data["time_s"],
                 tokens_per_s=tps,
-                tokens_per_forward=out / forwards if forwards > 0 else float("nan"),
-                # draft tokens (tree nodes besides x0) per request-step: the tree size actually carried
-                drafts_per_step=spec["draft_tokens"] / forwards if forwards > 0 else float("nan"),
-                acceptance=spec["accepted_tokens"] / spec["draft_tokens"] if spec["draft_tokens"] else None,
-                accepted_per_pos=[a / drafts for a in spec["accepted_per_pos"]] if drafts else [],
+                **count_rates(out, spec),
                 spec_counters=spec,
                 per_prompt=data["per_prompt"],
             )
@@ -434,9 +429,10 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per (dataset, method): the round whose ratio to its own round's none is the median (none: the
     median tokens/s), with every round's ratio and tokens/s beside it and the fewest identical outputs of any
-    round. Tokens per forward, drafts a step and acceptance are pooled over all rounds instead (each round's own
-    in `tokens_per_forward_rounds`): every method ran every round's prompts, while each method's median round may
-    be another round, with other prompts, so the median round's would compare different texts."""
+    round. Tokens per forward, drafts a step and acceptance (overall and by position) are pooled over all rounds
+    instead (each round's own tokens per forward in `tokens_per_forward_rounds`): every method ran every round's
+    prompts, while each method's median round may be another round, with other prompts, so the median round's
+    would compare different texts."""
     if len(rounds) == 1:
         return rounds[0]
     rows = []
@@ -458,21 +454,29 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def count_rates(out: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Tokens per forward, drafts a step (tree nodes besides x0 per request-step: the tree size actually carried),
+    acceptance and acceptance by draft position, from `out` output tokens and vLLM's speculative counters."""
+    forwards = out - spec["accepted_tokens"]
+    drafts, draft_tokens = spec["drafts"], spec["draft_tokens"]
+    return {
+        "tokens_per_forward": out / forwards if forwards > 0 else float("nan"),
+        "drafts_per_step": draft_tokens / forwards if forwards > 0 else float("nan"),
+        "acceptance": spec["accepted_tokens"] / draft_tokens if draft_tokens else None,
+        "accepted_per_pos": [a / drafts for a in spec["accepted_per_pos"]] if drafts else [],
+    }
+
+
 def pooled_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Tokens per forward, drafts a step and acceptance over all of `cells` (rounds) together, and each round's
-    tokens per forward; nothing where a round lacks the counts."""
+    """`count_rates` over all of `cells` (rounds) together, and each round's tokens per forward; nothing where a
+    round lacks the counts."""
     if not cells or any("spec_counters" not in c or "output_tokens" not in c for c in cells):
         return {}
-    out = sum(c["output_tokens"] for c in cells)
-    accepted = sum(c["spec_counters"]["accepted_tokens"] for c in cells)
-    draft_tokens = sum(c["spec_counters"]["draft_tokens"] for c in cells)
-    forwards = out - accepted
-    if forwards <= 0:
-        return {}
+    specs = [c["spec_counters"] for c in cells]
+    summed = {k: sum(s[k] for s in specs) for k in ("accepted_tokens", "draft_tokens", "drafts")}
+    summed["accepted_per_pos"] = [sum(p) for p in zip_longest(*(s["accepted_per_pos"] for s in specs), fillvalue=0)]
     return {
-        "tokens_per_forward": out / forwards,
-        "drafts_per_step": draft_tokens / forwards,
-        "acceptance": accepted / draft_tokens if draft_tokens else None,
+        **count_rates(sum(c["output_tokens"] for c in cells), summed),
         "tokens_per_forward_rounds": [c["tokens_per_forward"] for c in cells],
     }
 

@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vllm_lookahead.sizing import StepCost, choose_sizes  # noqa: E402
-from vllm_lookahead.tree import StepTree  # noqa: E402
+from vllm_lookahead.sizing import StepCost, choose_sizes
+from vllm_lookahead.tree import StepTree
 
 WARMUP = 500
 DEPTH = 24

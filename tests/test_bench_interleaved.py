@@ -31,19 +31,22 @@ def test_fastest_is_the_method_with_the_most_tokens_per_second():
     assert fastest(rows, ["humaneval", "sharegpt"]) == {"humaneval": "lookahead"}
 
 
-def _cell(method: str, vs_none: float, out: int, accepted: int, drafts: int) -> dict:
+def _cell(method: str, vs_none: float, out: int, accepted: int, drafts: int, per_pos: tuple = (0,)) -> dict:
     return {
         "dataset": "humaneval", "method": method, "status": "ok", "vs_none": vs_none, "tokens_per_s": vs_none,
         "output_tokens": out, "tokens_per_forward": out / (out - accepted),
-        "spec_counters": {"accepted_tokens": accepted, "draft_tokens": drafts},
+        "spec_counters": {
+            "accepted_tokens": accepted, "draft_tokens": drafts, "drafts": out - accepted,
+            "accepted_per_pos": list(per_pos),
+        },
     }  # fmt: skip
 
 
 def test_tokens_per_forward_are_pooled_over_rounds_not_the_median_rounds():
     # Each method's median round is another round (its texts differ): a's is round 2, b's round 1.
     rounds = [
-        [_cell("a", 1.0, 100, 50, 200), _cell("b", 2.0, 100, 20, 40)],
-        [_cell("a", 2.0, 300, 100, 300), _cell("b", 1.0, 300, 100, 200)],
+        [_cell("a", 1.0, 100, 50, 200, (40, 10)), _cell("b", 2.0, 100, 20, 40)],
+        [_cell("a", 2.0, 300, 100, 300, (70,)), _cell("b", 1.0, 300, 100, 200)],
         [_cell("a", 3.0, 200, 100, 300), _cell("b", 3.0, 200, 100, 200)],
     ]
     a, b = median_rows(rounds)
@@ -51,6 +54,8 @@ def test_tokens_per_forward_are_pooled_over_rounds_not_the_median_rounds():
     assert a["tokens_per_forward"] == 600 / 350 and b["tokens_per_forward"] == 600 / 380
     assert a["drafts_per_step"] == 800 / 350 and a["acceptance"] == 250 / 800
     assert b["tokens_per_forward_rounds"] == [100 / 80, 300 / 200, 200 / 100]
+    # acceptance by position too: every round's counts (a shorter list counts as zeros) over all drafting steps
+    assert a["accepted_per_pos"] == [110 / 350, 10 / 350]
 
 
 def test_two_live_engines_take_turns_over_two_rounds(tmp_path):
