@@ -14,8 +14,10 @@ out), its own drafting (which builds the next step's trees, under the other bar)
 its trees (`charged`), and credited to the bar its trees were sized under, with the tokens it made (its requests plus
 the drafts they accepted). Both halves see the same minutes of the machine and the same requests, so the tokens/s
 of the two bars compare within a few percent. Prints per bar: steps, draft tokens and tokens a request-step,
-tokens/s over its own steps, and the scaled bar's tokens/s over the fit's. The script wraps the engine from outside:
-the plugin carries no code for it. Greedy outputs stay exact under either bar.
+tokens/s over its own steps, and the scaled bar's tokens/s over the fit's; then the carried draft nodes' accepted
+count against their summed scores (how far the scores of the nodes the sizing picks overstate them: the worker's
+`carried_score`). The script wraps the engine from outside: the plugin carries no code for it. Greedy outputs stay
+exact under either bar.
 """
 
 from __future__ import annotations
@@ -152,7 +154,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         return begin(self, runner, scheduler_output)
 
+    carried: dict[str, object] = {}  # the engine, and its carried-node totals when timing started
+
+    def carried_totals(eng) -> tuple[float, int]:  # noqa: ANN001
+        st = eng.stats
+        return st.carried_score, sum(st.accepted_by.values())
+
     def propose_(self, runner, sampled):  # noqa: ANN001, ANN202
+        carried["engine"] = self
+        if timing["on"] and "start" not in carried:
+            carried["start"] = carried_totals(self)
         if open_step:
             # the tokens this step made: its verification ran before this hook
             open_step["tokens"] = open_step["requests"] + self.stats.accepted - open_step["accepted"]
@@ -184,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {ab.factor(arm):g}x ({name}) | {t.steps} | {t.drafts / r:.2f} | {t.tokens / r:.2f} | {t.rate:.1f} |")
     base, other = ab.tallies
     print(f"\n{args.scale:g}x the price over the fit's price, tokens/s of their steps: {other.rate / base.rate:.3f}")
+    if "start" in carried:
+        now = carried_totals(carried["engine"])
+        score, accepted = (b - a for a, b in zip(carried["start"], now, strict=True))
+        print(f"carried draft nodes, both bars: {accepted} accepted, their scores summed to {score:.1f} "
+              f"(accepted / scores: {accepted / max(score, 1e-9):.2f})")  # fmt: skip
     return 0
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import make_llm
 from vllm_lookahead import tree_kernel
+from vllm_lookahead.engine import SOURCE_NAMES
 from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
@@ -221,6 +222,9 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
         assert stats[f"drafted_{source}"] > stats_before[f"drafted_{source}"], source
     for source in ("lookup", "suffix", "recycle"):
         assert stats[f"accepted_{source}"] > stats_before[f"accepted_{source}"], source
+    # the verified nodes' scores were summed: a probability each, so at most one a node
+    drafted = sum(stats[f"drafted_{s}"] - stats_before[f"drafted_{s}"] for s in SOURCE_NAMES)
+    assert 0 < stats["carried_score"] - stats_before["carried_score"] <= drafted
 
 
 def _price_branches(worker, price: float | None) -> None:

@@ -77,6 +77,9 @@ class LookaheadStats:
     # per candidate source (Source names): tree nodes verified, and those accepted
     drafted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
     accepted_by: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCE_NAMES, 0))
+    # the verified draft nodes' summed scores: against the accepted ones (accepted_by's sum), how far the scores of
+    # the nodes steps carry (the best-scored ones) overstate what verification accepts
+    carried_score: float = 0.0
 
 
 class LookaheadEngine:
@@ -322,6 +325,7 @@ class LookaheadEngine:
             if s.ours and state is not None:
                 # The nodes' rates are learned by the state in hindsight, over its whole tree; the window's worth here.
                 state.stats.observe_window(s.tree, accepted)
+                self.stats.carried_score += sum(s.tree.scores[1:])
                 sources = s.tree.sources
                 for u in range(1, s.tree.num_nodes):
                     self.stats.drafted[SOURCE_NAMES[sources[u] - 1]] += 1
@@ -473,6 +477,7 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float] | None:
         "window_value": engine.acceptance.window_value,
         **{f"drafted_{k}": v for k, v in s.drafted.items()},
         **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
+        "carried_score": s.carried_score,
     }
 
 
