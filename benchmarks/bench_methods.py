@@ -37,6 +37,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Plain decoding with this plugin not loaded (VLLM_PLUGINS excludes it): shows the plugin changes nothing
     # for runs that do not ask for lookahead.
     "none-noplugin": None,
+    # Plain decoding without vLLM's async scheduling, which vLLM turns on for plain decoding only (never for ngram,
+    # suffix or lookahead): whether the overlap pays on this machine, against none in one run.
+    "none-sync": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
     # Provided by this plugin (its defaults; --lookahead-config overrides keys).
@@ -267,6 +270,11 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
     }
 
 
+def engine_options(method: str) -> dict[str, Any]:
+    """The method's `LLM` arguments beside the shared ones."""
+    return {"async_scheduling": False} if method == "none-sync" else {}
+
+
 def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The method's warmed-up engine and its result so far (status, spec_config); the engine is None when the method
     is skipped or its engine did not start (the result says why)."""
@@ -298,6 +306,7 @@ def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, 
             enforce_eager=args.eager,
             disable_log_stats=False,  # get_metrics() needs the stat loggers
             speculative_config=result["spec_config"],
+            **engine_options(method),
         )
     except Exception as e:  # report it and go on with the other methods
         text = _one_line(e)

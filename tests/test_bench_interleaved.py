@@ -78,3 +78,16 @@ def test_two_live_engines_take_turns_over_two_rounds(tmp_path):
     assert la["identical"] == 2  # greedy float32: plain decoding's outputs in both rounds
     assert la["output_tokens"] > 0
     assert list(tmp_path.glob("interleaved_*.png"))
+
+
+def test_none_sync_is_plain_decoding_without_async_scheduling():
+    """vLLM turns async scheduling on for plain decoding only; none-sync turns it off, an argument vLLM must know."""
+    import dataclasses
+
+    from bench_methods import METHODS, engine_options
+    from vllm.engine.arg_utils import EngineArgs
+
+    assert METHODS["none-sync"] is None  # no speculative_config: plain decoding
+    assert engine_options("none-sync") == {"async_scheduling": False}
+    assert engine_options("none") == {} and engine_options("lookahead") == {}
+    assert "async_scheduling" in {f.name for f in dataclasses.fields(EngineArgs)}
