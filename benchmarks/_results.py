@@ -12,6 +12,7 @@ def append_jsonl(path: str | Path, settings: dict[str, Any], rows: list[dict[str
     """Rows as JSON lines; the user's home directory in any path written as `~` (results get committed)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     home = str(Path.home()).rstrip("/") + "/"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         for row in rows:
             line = json.dumps({"time": stamp, "settings": settings, **row})
