@@ -7,7 +7,10 @@
 this shared 2-core machine's speed drifts by 20% and more over minutes (plain decoding's own tokens/s moved by up to
 25% between the rounds of one run). Here each method's engine starts once, in a worker process of its own, and
 stays up: every round, each set's methods run one after another on the same prompts, in an order rotated by one
-each round, so that a round's ratios compare runs well under a minute apart.
+each round, so that a round's ratios compare runs well under a minute apart. Between its turns a worker's processes
+(its engine's among them) are stopped (SIGSTOP), so that the idle engines take no CPU from the one being timed, as
+in a fresh process: idle, each took about 1% of this 2-core machine, and the last one spun for a second after its
+turn.
 
 Every round takes the next `--num-prompts` prompts of each set: methods that learn from earlier outputs (suffix
 decoding, lookahead's suffix trees) then hold the earlier rounds' outputs of other prompts, as a server that has run
@@ -84,10 +87,11 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 class LiveWorker:
     """One method's worker process: started once, then asked for one (round, dataset) run at a time."""
 
-    def __init__(self, method: str, argv: list[str], folder: Path) -> None:
+    def __init__(self, method: str, argv: list[str], folder: Path, cmd: list[str] | None = None) -> None:
         self.method = method
         self.base = folder / f"{method}.json"
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", method, "--result-file", str(self.base)]
+        script = [sys.executable, os.path.abspath(__file__), *argv]
+        cmd = [*(cmd or script), "--worker", method, "--result-file", str(self.base)]
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
         )
@@ -97,6 +101,14 @@ class LiveWorker:
         # the start's result (status, spec_config); `result` then follows the worker's state
         self.start = self._wait(self.base) or {"method": method, "status": "failed", "reason": self._died()}
         self.result = self.start
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        """To the worker's process group: its engine's processes too (they inherit it; the worker leads its own)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -127,15 +139,18 @@ class LiveWorker:
         if not self.live:
             return {"status": "failed", "reason": self.result.get("reason", "worker not running")}
         assert self.proc.stdin is not None
+        self._signal(signal.SIGCONT)
         self.proc.stdin.write(f"{round_index} {dataset}\n".encode())
         self.proc.stdin.flush()
         data = self._wait(Path(f"{self.base}.{round_index}.{dataset}"))
+        self._signal(signal.SIGSTOP)
         if data is None:
             self.result = {**self.result, "status": "failed", "reason": self._died()}
             return {"status": "failed", "reason": self.result["reason"]}
         return data
 
     def close(self) -> None:
+        self._signal(signal.SIGCONT)
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their siblings
 
-from bench_interleaved import fastest, parse_args  # noqa: E402
+from bench_interleaved import LiveWorker, fastest, parse_args  # noqa: E402
 from bench_methods import median_rows  # noqa: E402
 
 
@@ -78,6 +78,48 @@ def test_two_live_engines_take_turns_over_two_rounds(tmp_path):
     assert la["identical"] == 2  # greedy float32: plain decoding's outputs in both rounds
     assert la["output_tokens"] > 0
     assert list(tmp_path.glob("interleaved_*.png"))
+
+
+FAKE_WORKER = """
+import json, os, subprocess, sys
+base = sys.argv[sys.argv.index("--result-file") + 1]
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as an engine's process would
+open(base, "w").write(json.dumps({"status": "ok", "child": child.pid}))
+while line := sys.stdin.readline():
+    r, dataset = line.split()
+    open(f"{base}.{r}.{dataset}.tmp", "w").write(json.dumps({"status": "ok", "round": int(r)}))
+    os.replace(f"{base}.{r}.{dataset}.tmp", f"{base}.{r}.{dataset}")
+child.kill()
+"""
+
+
+def _state(pid: int) -> str:
+    """The process's state letter once it has settled (a signal takes effect when the process is next scheduled)."""
+    import time
+
+    for _ in range(50):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if (state := stat[stat.rfind(")") + 2]) in "TZ":
+            return state
+        time.sleep(0.02)
+    return state
+
+
+def test_a_live_worker_and_its_children_are_stopped_between_turns(tmp_path):
+    """Idle engines must take no CPU from the one being timed: stopped after starting and after each turn."""
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    w = LiveWorker("fake", [], tmp_path, cmd=[sys.executable, str(script)])
+    try:
+        assert w.live
+        pids = (w.proc.pid, w.start["child"])
+        assert [_state(p) for p in pids] == ["T", "T"]
+        for r in (0, 1):
+            assert w.run(r, "humaneval") == {"status": "ok", "round": r}
+            assert [_state(p) for p in pids] == ["T", "T"]
+    finally:
+        w.close()
+    assert w.proc.returncode == 0  # resumed to close: it read the end of its input and exited
 
 
 def test_none_sync_is_plain_decoding_without_async_scheduling():
