@@ -64,6 +64,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
     p.add_argument("--calibration", action="store_true", help="also print the node scores against acceptance")
     p.add_argument(
+        "--suffix-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="first hold in the global suffix tree ChatGPT's first answers of N ShareGPT conversations apart from "
+        "every benchmark prompt (prompts.sharegpt_answers), as a corpus a server might load",
+    )
+    p.add_argument(
         "--sizing-line",
         default=None,
         type=sizing_line,
@@ -75,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--num-prompts must be >= 1")
     if not args.fixed > 0 or not args.per_token >= 0:
         p.error("--fixed must be > 0 and --per-token >= 0 (seconds)")
+    if args.suffix_seed < 0:
+        p.error("--suffix-seed must be >= 0 (conversations)")
     if args.knee < 1:
         p.error("--knee must be >= 1 (1: a straight line)")
     if args.per_token_below is not None and not 0 <= args.per_token_below <= args.per_token:
@@ -128,13 +138,15 @@ def replay(
     warm: int = 0,
     truth: Sequence[float] | None = None,
     calibration: list[tuple[float, bool, bool]] | None = None,
+    seed: Sequence[Sequence[int]] = (),
 ) -> tuple[float, float, float]:
     """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
     (prompt, greedy output[, the target's top tokens at each output position]) replayed in order through one
     engine's shared statistics, suffix cache and token-recycling table (which learns only where the top tokens are
     given). Raises if a replayed output differs from the known one (the replay must be exact). `calibration`, when
     given, receives (score, carried, accepted) for each node of each counted step's tree that lies within the output:
-    carried if the step verified it, accepted if the output goes through it."""
+    carried if the step verified it, accepted if the output goes through it. `seed`: token sequences the global suffix
+    tree holds as finished outputs before the first request."""
     from vllm_lookahead.acceptance import AcceptanceStats
     from vllm_lookahead.recycle import TokenRecycler
     from vllm_lookahead.sizing import StepCost, plan_step, score_floor
@@ -148,6 +160,10 @@ def replay(
     suffix = (
         SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
     )
+    for i, text in enumerate(seed if suffix is not None else ()):
+        suffix.start(("seed", i), [])
+        suffix.extend(("seed", i), text)
+        suffix.stop(("seed", i))
     recycle = TokenRecycler() if params.recycle_candidates else None
     steps = tokens = drafts = 0
     seconds = 0.0
@@ -229,6 +245,16 @@ def main(argv: list[str] | None = None) -> int:
         suffix.SPEC_FACTOR = args.spec_factor
     params = LookaheadParams.from_mapping(json.loads(args.lookahead_config or "{}"))
     data = json.loads(args.sequences.read_text())
+    seed: list[list[int]] = []
+    if args.suffix_seed:
+        from transformers import AutoTokenizer
+
+        from vllm_lookahead.models import default_model_path
+        from vllm_lookahead.prompts import sharegpt_answers
+
+        tokenizer = AutoTokenizer.from_pretrained(default_model_path())  # the model --generate ran
+        seed = [tokenizer.encode(a, add_special_tokens=False) for a in sharegpt_answers(args.suffix_seed)]
+        print(f"global suffix tree seeded with {len(seed)} answers, {sum(map(len, seed))} tokens")
     knee = "" if args.knee <= 1 else f" past {args.knee} tokens, {args.per_token_below} s up to them"
     if args.sizing_line is not None:
         knee += f"; trees sized by the line {args.sizing_line[0]} s + {args.sizing_line[1]} s per token"
@@ -244,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         model = paid if args.sizing_line is None else cost_model(*args.sizing_line)
         calibration = records[ds] = [] if args.calibration else None
         tf, nodes, rate = replay(
-            [requests[-1], *requests[:-1]], params, model, warm=1, truth=paid, calibration=calibration
+            [requests[-1], *requests[:-1]], params, model, warm=1, truth=paid, calibration=calibration, seed=seed
         )
         print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
     for ds, rec in records.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -91,6 +92,28 @@ def test_sharegpt_from_truncated_file(tmp_path):
     assert got == [f"question number {i} with enough text to pass the filter" for i in (0, 3, 4)]
     assert prompts.sharegpt_prompts(2, path=path) == got[:2]
     assert prompts.sharegpt_prompts(min_chars=1, path=path)[1] == "follow-up 1"
+
+
+def test_sharegpt_answers_start_where_asked_and_skip_conversations_without_one(tmp_path):
+    items = [_conv(0), _conv(1, first="gpt"), {"id": "empty", "conversations": []}, _conv(3), _conv(4)]
+    path = tmp_path / "cut.json"
+    _write_truncated(path, items, '  {"id": "c5", "conv')
+    answer = "an answer with a brace } and a bracket ] inside " * 3
+    # conversation 1 opens with a gpt turn: that is its first answer; the empty one has none
+    assert prompts.sharegpt_answers(9, start=1, path=path) == [items[1]["conversations"][0]["value"], answer, answer]
+    assert prompts.sharegpt_answers(1, start=3, path=path) == [answer]
+    assert prompts.sharegpt_answers(0, start=0, path=path) == []
+
+
+def test_sharegpt_answers_come_after_every_prompt_the_benchmarks_take(tmp_path):
+    first = prompts.sharegpt_answers(2)
+    assert len(first) == 2 and all(a.strip() for a in first)
+    assert first == prompts.sharegpt_answers(2, start=prompts.SHAREGPT_ANSWERS_FROM)
+    # the benchmarks take at most a few hundred prompts: the conversations before the answers' start hold 1000
+    whole = prompts.data_file(prompts.SHAREGPT_MODULE, prompts.SHAREGPT_FILE)
+    before = list(itertools.islice(prompts.iter_json_array(whole), prompts.SHAREGPT_ANSWERS_FROM))
+    (tmp_path / "before.json").write_text(json.dumps(before), encoding="utf-8")
+    assert prompts.sharegpt_prompts(1000, path=tmp_path / "before.json") == prompts.sharegpt_prompts(1000)
 
 
 def test_missing_package_is_explained():

@@ -82,6 +82,7 @@ def test_trees_sized_by_one_cost_and_paid_at_another():
         ["--knee", "0"],
         ["--per-token", "0.001", "--per-token-below", "0.002"],
         ["--num-prompts", "0"],
+        ["--suffix-seed", "-1"],
     ],
 )
 def test_bad_cost_flags_are_refused_naming_the_flag(flags, capsys):
@@ -89,6 +90,18 @@ def test_bad_cost_flags_are_refused_naming_the_flag(flags, capsys):
         parse_args(flags)
     assert stop.value.code == 2
     assert flags[-2] in capsys.readouterr().err
+
+
+def test_a_seeded_suffix_tree_drafts_a_text_it_was_seeded_with():
+    """--suffix-seed: a text the global suffix tree holds before any request is drafted from its first step on."""
+    pytest.importorskip("arctic_inference")
+    params = LookaheadParams(recycle_candidates=0)
+    text = [(i * 7919) % 1000 + 10 for i in range(80)]  # no repeats inside: only the seed can predict it
+    request = [([1, 2], text)]
+    cheap = cost_model(0.035, 0.0001)
+    alone, _, _ = replay(request, params, cheap)
+    seeded, _, _ = replay(request, params, cheap, seed=[[3, *text]])
+    assert alone < 1.2 and seeded > 3.0
 
 
 def test_sizing_line_is_read_as_two_seconds():

