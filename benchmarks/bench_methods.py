@@ -59,7 +59,11 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Lookahead that drafts nothing from 2 concurrent requests on (a 2-token step budget, x0s included): what the
     # plugin costs a batch by itself (its states still learn every step) against plain decoding.
     "lookahead-nodraft": {"method": "lookahead", "step_token_budget": 2},
+    # Lookahead with a suffix corpus (`suffix_corpus`): ChatGPT's first answers of CORPUS_ANSWERS ShareGPT
+    # conversations apart from every benchmark prompt (`prompts.sharegpt_answers`), written once by `corpus_file`.
+    "lookahead-corpus": {"method": "lookahead"},
 }
+CORPUS_ANSWERS = 2000
 # method -> (module that must be importable, how to get it)
 REQUIRES: dict[str, tuple[str, str]] = {
     "suffix": ("arctic_inference", "pip install arctic-inference==0.3.0 --no-deps"),
@@ -162,9 +166,24 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] 
     if spec is None:
         return None
     spec = dict(spec)
+    if method == "lookahead-corpus":
+        spec["suffix_corpus"] = str(corpus_file(CORPUS_ANSWERS))
     if method.startswith("lookahead") and args.lookahead_config:
         spec.update(json.loads(args.lookahead_config))
     return spec
+
+
+def corpus_file(n: int) -> Path:
+    """A JSON Lines suffix corpus of n ShareGPT answers apart from the benchmark prompts, written on first use."""
+    from vllm_lookahead.prompts import sharegpt_answers
+
+    path = Path.home() / ".cache" / "vllm-lookahead" / f"corpus_sharegpt_answers_{n}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(a) + "\n" for a in sharegpt_answers(n)), encoding="utf-8")
+        tmp.replace(path)
+    return path
 
 
 def model_path(args: argparse.Namespace) -> str:

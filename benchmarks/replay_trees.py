@@ -160,10 +160,8 @@ def replay(
     suffix = (
         SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
     )
-    for i, text in enumerate(seed if suffix is not None else ()):
-        suffix.start(("seed", i), [])
-        suffix.extend(("seed", i), text)
-        suffix.stop(("seed", i))
+    if suffix is not None:
+        suffix.seed(seed)
     recycle = TokenRecycler() if params.recycle_candidates else None
     steps = tokens = drafts = 0
     seconds = 0.0

@@ -133,3 +133,18 @@ def test_none_sync_is_plain_decoding_without_async_scheduling():
     assert engine_options("none-sync") == {"async_scheduling": False}
     assert engine_options("none") == {} and engine_options("lookahead") == {}
     assert "async_scheduling" in {f.name for f in dataclasses.fields(EngineArgs)}
+
+
+def test_lookahead_corpus_loads_sharegpt_answers_apart_from_the_prompts(tmp_path, monkeypatch):
+    import bench_methods
+
+    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.corpus import read_corpus
+    from vllm_lookahead.prompts import sharegpt_answers
+
+    monkeypatch.setattr(bench_methods.Path, "home", lambda: tmp_path)
+    monkeypatch.setattr(bench_methods, "CORPUS_ANSWERS", 3)
+    spec = bench_methods.speculative_config("lookahead-corpus", parse_args(["--methods", "lookahead-corpus"]))
+    assert spec["method"] == "lookahead" and spec["suffix_corpus"].startswith(str(tmp_path))
+    assert read_corpus(spec["suffix_corpus"]) == sharegpt_answers(3)
+    assert LookaheadParams.from_mapping({k: v for k, v in spec.items() if k != "method"}).suffix_corpus

@@ -2,7 +2,7 @@ import dataclasses
 
 import pytest
 
-from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.config import PATH, LookaheadParams
 from vllm_lookahead.tree import window_slots_max
 
 
@@ -21,6 +21,8 @@ def test_every_field_has_a_range_or_is_a_bool_and_a_meaning():
         assert f.metadata["help"]
         if rng is None:
             assert isinstance(f.default, bool), f.name
+        elif rng == PATH:
+            assert f.default is None, f.name
         elif f.default is not None:
             assert rng[0] <= f.default <= rng[1], f.name
 

@@ -453,3 +453,31 @@ def test_odd_requests_are_served_or_refused_as_plain_decoding(plain_llm, la_llm,
     assert len(want["n=3 seeded"]) == 3 and len(set(want["n=3 seeded"])) > 1
     assert len(want["stop inside the output"][0]) < len(plain_out.token_ids)
     assert _settled_stats(la_llm)["live_states"] == 0
+
+
+def test_a_suffix_corpus_is_drafted_from_the_first_request_on(tmp_path, model_path, plain_llm):
+    """suffix_corpus: the texts are in the shared suffix tree at start-up; a request whose answer one of them holds
+    drafts it from its first steps, and its output stays plain decoding's."""
+    import json
+
+    from vllm import SamplingParams
+
+    prompt = humaneval_prompts(30)[-1]  # none of the batch's
+    greedy = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    (plain,) = plain_llm.generate([prompt], greedy, use_tqdm=False)
+    assert len(plain.outputs[0].token_ids) == 64
+    corpus = tmp_path / "corpus.jsonl"
+    texts = [{"text": plain.outputs[0].text}, "An unrelated text about something else.", {"text": "def f(x):"}]
+    corpus.write_text("\n".join(json.dumps(t) for t in texts) + "\n", encoding="utf-8")
+    config = {**LA_CONFIG, "suffix_cache_requests": 16, "suffix_corpus": str(corpus)}
+    llm = make_llm(model_path, max_model_len=MAX_MODEL_LEN, max_num_seqs=2, speculative_config=config)
+    try:
+        start = _settled_stats(llm)
+        (out,) = llm.generate([prompt], greedy, use_tqdm=False)
+        stats = _settled_stats(llm)
+    finally:
+        del llm
+    assert start["suffix_cached_requests"] == 3 and start["suffix_cached_tokens"] > 64
+    assert list(out.outputs[0].token_ids) == list(plain.outputs[0].token_ids)
+    accepted = sum(stats[k] - start[k] for k in ("accepted_suffix", "accepted_suffix_short"))
+    assert accepted >= len(out.outputs[0].token_ids) // 2  # the corpus's copy carried most of the answer

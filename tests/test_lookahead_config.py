@@ -56,6 +56,7 @@ def test_shorthand_model_selects_lookahead():
         ({"window_size": 20, "ngram_size": 8}, r"more than vLLM's limit of 128"),
         ({"lookup_len": 0}, r"lookup_len must be an integer in \[1, 32\]"),
         ({"bogus": 1}, r"bogus\s+Unexpected keyword argument"),
+        ({"suffix_corpus": "no/such/corpus.jsonl"}, r"suffix_corpus must be null or the path of an existing file"),
     ],
 )
 def test_bad_config_fails_with_a_message_naming_the_field(kw, message):
@@ -144,6 +145,8 @@ def _fuzz_cases():
         rng = f.metadata["range"]
         if rng is None:
             expected = rf"{f.name} must be a bool"
+        elif rng == "path":
+            expected = rf"{f.name} must be null or the path of an existing file"
         elif isinstance(rng[0], float):
             expected = rf"{f.name} must be null or a number in \[{rng[0]}, {rng[1]}\]"
         else:

@@ -140,7 +140,7 @@ def test_readme_key_table_is_lookahead_params():
         _, default, rng = table[f.name][:3]
         assert default == ("null" if f.default is None else str(f.default).lower()), f.name
         lo_hi = f.metadata["range"]
-        assert rng == ("bool" if lo_hi is None else f"{lo_hi[0]}..{lo_hi[1]}"), f.name
+        assert rng == ("bool" if lo_hi is None else lo_hi if lo_hi == "path" else f"{lo_hi[0]}..{lo_hi[1]}"), f.name
 
 
 def test_readme_layout_names_files_that_exist():

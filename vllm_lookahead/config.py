@@ -8,6 +8,7 @@ and the reference decoder takes an instance. Validated once on creation, so the 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,13 @@ def _key(default: Any, lo: float | None, hi: float | None, help: str) -> Any:
     """A field whose metadata carries its allowed range (None for bools) and its one-line meaning. A float range
     makes a float key, which may also be None (its default, "measured")."""
     return field(default=default, metadata={"range": None if lo is None else (lo, hi), "help": help})
+
+
+PATH = "path"  # the "range" of a key whose value is null or the path of an existing file
+
+
+def _path_key(help: str) -> Any:
+    return field(default=None, metadata={"range": PATH, "help": help})
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,10 @@ class LookaheadParams:
         1 << 20,
         "finished requests whose outputs stay suffix-tree candidates for later requests (about 210 bytes per "
         "cached output token)",
+    )
+    suffix_corpus: str | None = _path_key(
+        'JSON Lines file of texts like the outputs expected (a string or an object with a "text" string a line), '
+        "held by the global suffix tree from start-up as finished outputs (they count in suffix_cache_requests)"
     )
     shared_pool_keys: int = _key(
         0,
@@ -184,7 +196,11 @@ class LookaheadParams:
 _FIELDS = {f.name: f for f in dataclasses.fields(LookaheadParams)}
 
 
-def _check(name: str, value: Any, rng: tuple[float, float] | None) -> None:
+def _check(name: str, value: Any, rng: tuple[float, float] | str | None) -> None:
+    if rng == PATH:
+        if value is not None and not (isinstance(value, str) and os.path.isfile(value)):
+            raise ValueError(f"lookahead: {name} must be null or the path of an existing file (got {value!r})")
+        return
     if rng is None:
         if not isinstance(value, bool):
             raise ValueError(f"lookahead: {name} must be a bool (got {value!r})")

@@ -29,6 +29,7 @@ import torch
 from vllm_lookahead import attention_path, kv_relocation
 from vllm_lookahead.acceptance import AcceptanceStats
 from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.corpus import read_corpus
 from vllm_lookahead.eligibility import ineligible_reason, request_params
 from vllm_lookahead.pool import NGramPool
 from vllm_lookahead.recycle import TokenRecycler
@@ -83,7 +84,13 @@ class LookaheadStats:
 
 
 class LookaheadEngine:
-    def __init__(self, params: LookaheadParams, max_model_len: int, ranks: int = 1) -> None:
+    def __init__(
+        self,
+        params: LookaheadParams,
+        max_model_len: int,
+        ranks: int = 1,
+        tokenize: Callable[[str], list[int]] | None = None,
+    ) -> None:
         self.params = params
         self.max_model_len = max_model_len
         # Under tensor parallelism every rank must build the same trees, but each sizes them from its own step
@@ -98,6 +105,8 @@ class LookaheadEngine:
         self.acceptance_sampled = AcceptanceStats()
         self.cost = StepCost(params.node_cost)
         self.suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests)
+        if params.suffix_corpus:
+            self._load_corpus(params.suffix_corpus, tokenize)
         self.recycle = TokenRecycler() if params.recycle_candidates else None
         # Whether the last drafted step's bar let recycled guesses in (`_recycle_may_pay`): the table is taught then.
         self._recycling_pays = self.recycle is not None
@@ -112,6 +121,22 @@ class LookaheadEngine:
         self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
         self._said: set[str] = set()
         self._eligible: dict[str, bool] = {}
+
+    def _load_corpus(self, path: str, tokenize: Callable[[str], list[int]] | None) -> None:
+        """The suffix corpus into the global suffix tree (`corpus.py`), tokenized by the served model's tokenizer."""
+        if self.suffix is None:
+            logger.warning("lookahead: suffix_corpus is not loaded: the suffix trees are off (no arctic_inference)")
+            return
+        if tokenize is None:
+            raise ValueError("lookahead: suffix_corpus needs the model's tokenizer, which this engine was not given")
+        start = time.perf_counter()
+        outputs = [tokenize(text) for text in read_corpus(path)]
+        self.suffix.seed(outputs)
+        logger.info(
+            "lookahead: suffix corpus %s: %d texts, %d tokens, %d held (suffix_cache_requests %d), in %.1f s",
+            path, len(outputs), sum(map(len, outputs)), self.suffix.cached_requests(),
+            self.params.suffix_cache_requests, time.perf_counter() - start,
+        )  # fmt: skip
 
     # -- request lifetime ---------------------------------------------------------------------------------
     def drop_requests(self, scheduler_output: SchedulerOutput) -> None:

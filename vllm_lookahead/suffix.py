@@ -87,6 +87,15 @@ class SuffixCandidates:
         if req_id in self._cache.active_requests:
             self._cache.stop_request(req_id)
 
+    def seed(self, outputs: Sequence[Sequence[int]]) -> None:
+        """Token sequences held in the global tree as finished outputs (the suffix corpus), oldest first: they count
+        in max_cached_requests, so later requests' outputs evict them first."""
+        for i, tokens in enumerate(outputs):
+            req_id = ("corpus", i)
+            self.start(req_id, [])
+            self.extend(req_id, tokens)
+            self.stop(req_id)
+
     def cached_requests(self) -> int:
         """Requests whose outputs the global tree holds, the running ones included (at most max_cached_requests)."""
         return len(self._cache.cached_requests)

@@ -11,6 +11,8 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 
 from __future__ import annotations
 
+from functools import partial
+
 from vllm_lookahead.engine import LookaheadEngine, worker_stats
 from vllm_lookahead.patches.base import Patch
 from vllm_lookahead.patches.cpu_sampling import sampling_scope
@@ -40,9 +42,17 @@ def _init(original):
             lookahead_params(sc),
             vllm_config.model_config.max_model_len,
             ranks=vllm_config.parallel_config.world_size,
+            tokenize=partial(_encode, vllm_config.model_config),
         )
 
     return __init__
+
+
+def _encode(model_config, text: str) -> list[int]:
+    """The served model's tokens of a text (the suffix corpus), without special tokens: as the model writes it."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return cached_tokenizer_from_config(model_config).encode(text, add_special_tokens=False)
 
 
 def _update_states(original):
