@@ -134,6 +134,8 @@ class LookaheadParams:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check(f.name, getattr(self, f.name), f.metadata["range"])
+        if self.suffix_corpus is not None and self.suffix_cache_requests == 0:
+            raise ValueError("lookahead: suffix_corpus needs suffix_cache_requests > 0 (the global tree holds it)")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
