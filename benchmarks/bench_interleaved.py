@@ -9,8 +9,7 @@ this shared 2-core machine's speed drifts by 20% and more over minutes (plain de
 stays up: every round, each set's methods run one after another on the same prompts, in an order rotated by one
 each round, so that a round's ratios compare runs well under a minute apart. Between its turns a worker's processes
 (its engine's among them) are stopped (SIGSTOP), so that the idle engines take no CPU from the one being timed, as
-in a fresh process: idle, each took about 1% of this 2-core machine, and the last one spun for a second after its
-turn.
+in a fresh process: idle, each took about 1% of one core, and the last one spun for a second after its turn.
 
 Every round takes the next `--num-prompts` prompts of each set: methods that learn from earlier outputs (suffix
 decoding, lookahead's suffix trees) then hold the earlier rounds' outputs of other prompts, as a server that has run
@@ -220,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     model = bm.model_path(args)
     runtime = bm.apply_runtime(args)
+    # SIGTERM (e.g. `timeout`) ends through the finally below, which resumes and closes the stopped workers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rounds: list[list[dict[str, Any]]] = []
     winners: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-interleaved-") as tmp:
@@ -249,8 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 rounds.append(rows)
                 winners.append(fastest(rows, args.dataset_list))
         finally:
+            for w in workers.values():  # all resumed first: a stopped worker would outlive an error in a close
+                w._signal(signal.SIGCONT)
             for w in workers.values():
-                w.close()
+                try:
+                    w.close()
+                except Exception as e:  # the others still close
+                    print(f"{w.method}: closing its worker failed: {e}", file=sys.stderr)
     rows = bm.median_rows(rounds)
     mode = "eager" if args.eager else "compiled"
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"

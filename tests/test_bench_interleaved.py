@@ -84,7 +84,8 @@ FAKE_WORKER = """
 import json, os, subprocess, sys
 base = sys.argv[sys.argv.index("--result-file") + 1]
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as an engine's process would
-open(base, "w").write(json.dumps({"status": "ok", "child": child.pid}))
+open(base + ".tmp", "w").write(json.dumps({"status": "ok", "child": child.pid}))
+os.replace(base + ".tmp", base)
 while line := sys.stdin.readline():
     r, dataset = line.split()
     open(f"{base}.{r}.{dataset}.tmp", "w").write(json.dumps({"status": "ok", "round": int(r)}))

@@ -30,6 +30,23 @@ def test_a_bad_line_is_refused_naming_the_key_and_the_line(tmp_path, line, messa
         read_corpus(path)
 
 
+def test_a_byte_order_mark_is_read_past_and_an_unreadable_file_named(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps("after a mark\u2028and a line separator").encode() + b"\n")
+    assert read_corpus(path) == ["after a mark\u2028and a line separator"]
+    path.write_bytes(b'"\xff\xfe"\n')
+    with pytest.raises(ValueError, match="suffix_corpus .* cannot be read as UTF-8"):
+        read_corpus(path)
+
+
+def test_a_relative_or_home_path_is_kept_absolute(tmp_path, monkeypatch):
+    (tmp_path / "c.jsonl").write_text('"x"\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert LookaheadParams(suffix_corpus="c.jsonl").suffix_corpus == str(tmp_path / "c.jsonl")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert LookaheadParams(suffix_corpus="~/c.jsonl").suffix_corpus == str(tmp_path / "c.jsonl")
+
+
 def test_the_key_is_null_or_an_existing_file(tmp_path):
     assert LookaheadParams().suffix_corpus is None
     path = tmp_path / "c.jsonl"

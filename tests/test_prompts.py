@@ -109,11 +109,11 @@ def test_sharegpt_answers_come_after_every_prompt_the_benchmarks_take(tmp_path):
     first = prompts.sharegpt_answers(2)
     assert len(first) == 2 and all(a.strip() for a in first)
     assert first == prompts.sharegpt_answers(2, start=prompts.SHAREGPT_ANSWERS_FROM)
-    # the benchmarks take at most a few hundred prompts: the conversations before the answers' start hold 1000
+    # the benchmarks take at most 2000 prompts (bench_long.py): the conversations before the answers' start hold them
     whole = prompts.data_file(prompts.SHAREGPT_MODULE, prompts.SHAREGPT_FILE)
     before = list(itertools.islice(prompts.iter_json_array(whole), prompts.SHAREGPT_ANSWERS_FROM))
     (tmp_path / "before.json").write_text(json.dumps(before), encoding="utf-8")
-    assert prompts.sharegpt_prompts(1000, path=tmp_path / "before.json") == prompts.sharegpt_prompts(1000)
+    assert prompts.sharegpt_prompts(2000, path=tmp_path / "before.json") == prompts.sharegpt_prompts(2000)
 
 
 def test_missing_package_is_explained():

@@ -132,6 +132,8 @@ class LookaheadParams:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.suffix_corpus, str) and self.suffix_corpus:  # as the user meant it, wherever it is read
+            object.__setattr__(self, "suffix_corpus", os.path.abspath(os.path.expanduser(self.suffix_corpus)))
         for f in dataclasses.fields(self):
             _check(f.name, getattr(self, f.name), f.metadata["range"])
         if self.suffix_corpus is not None and self.suffix_cache_requests == 0:

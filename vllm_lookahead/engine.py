@@ -124,13 +124,18 @@ class LookaheadEngine:
 
     def _load_corpus(self, path: str, tokenize: Callable[[str], list[int]] | None) -> None:
         """The suffix corpus into the global suffix tree (`corpus.py`), tokenized by the served model's tokenizer."""
-        if self.suffix is None:
-            logger.warning("lookahead: suffix_corpus is not loaded: the suffix trees are off (no arctic_inference)")
+        if self.suffix is None or not self.params.suffix_candidates:
+            why = "no arctic_inference" if self.suffix is None else "suffix_candidates is 0"
+            logger.warning("lookahead: suffix_corpus is not loaded: the suffix trees are off (%s)", why)
             return
         if tokenize is None:
             raise ValueError("lookahead: suffix_corpus needs the model's tokenizer, which this engine was not given")
         start = time.perf_counter()
-        outputs = [tokenize(text) for text in read_corpus(path)]
+        texts = read_corpus(path)
+        if not texts:
+            logger.warning("lookahead: suffix_corpus %s holds no text", path)
+        # the tree keeps the last suffix_cache_requests outputs: the earlier texts would be evicted at once
+        outputs = [tokenize(text) for text in texts[-self.params.suffix_cache_requests :]]
         self.suffix.seed(outputs)
         logger.info(
             "lookahead: suffix corpus %s: %d texts, %d tokens, %d held (suffix_cache_requests %d), in %.1f s",

@@ -138,7 +138,8 @@ def sharegpt_prompts(
     return prompts
 
 
-# Conversations from here on hold none of the prompts the benchmarks take (at most a few hundred, from the start).
+# Conversations from here on hold none of the prompts the benchmarks take (at most 2000, bench_long.py's, from the
+# start).
 SHAREGPT_ANSWERS_FROM = 5000
 
 

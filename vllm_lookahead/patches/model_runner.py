@@ -52,7 +52,10 @@ def _encode(model_config, text: str) -> list[int]:
     """The served model's tokens of a text (the suffix corpus), without special tokens: as the model writes it."""
     from vllm.tokenizers import cached_tokenizer_from_config
 
-    return cached_tokenizer_from_config(model_config).encode(text, add_special_tokens=False)
+    tokenizer = cached_tokenizer_from_config(model_config)
+    if tokenizer is None:  # skip_tokenizer_init
+        raise ValueError("lookahead: suffix_corpus needs the model's tokenizer (the engine runs without one)")
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def _update_states(original):
