@@ -102,6 +102,10 @@ class LiveWorker:
         self.result = self.start
         self._signal(signal.SIGSTOP)
 
+    def resume(self) -> None:
+        """Lets the worker's processes run again (they are stopped between turns)."""
+        self._signal(signal.SIGCONT)
+
     def _signal(self, sig: signal.Signals) -> None:
         """To the worker's process group: its engine's processes too (they inherit it; the worker leads its own)."""
         try:
@@ -138,7 +142,7 @@ class LiveWorker:
         if not self.live:
             return {"status": "failed", "reason": self.result.get("reason", "worker not running")}
         assert self.proc.stdin is not None
-        self._signal(signal.SIGCONT)
+        self.resume()
         self.proc.stdin.write(f"{round_index} {dataset}\n".encode())
         self.proc.stdin.flush()
         data = self._wait(Path(f"{self.base}.{round_index}.{dataset}"))
@@ -149,7 +153,7 @@ class LiveWorker:
         return data
 
     def close(self) -> None:
-        self._signal(signal.SIGCONT)
+        self.resume()
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
@@ -251,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                 winners.append(fastest(rows, args.dataset_list))
         finally:
             for w in workers.values():  # all resumed first: a stopped worker would outlive an error in a close
-                w._signal(signal.SIGCONT)
+                w.resume()
             for w in workers.values():
                 try:
                     w.close()

@@ -106,9 +106,10 @@ def iter_json_array(path: str | Path, chunk_chars: int = _CHUNK_CHARS) -> Iterat
             yield item
 
 
-def _first_human_turn(conversation: dict[str, Any]) -> str | None:
+def _first_turn(conversation: dict[str, Any], who: str) -> str | None:
+    """The text of the conversation's first turn from `who` ("human" or "gpt"); None if it has none."""
     for turn in conversation.get("conversations") or ():
-        if turn.get("from") == "human":
+        if isinstance(turn, dict) and turn.get("from") == who:
             value = turn.get("value")
             return value if isinstance(value, str) else None
     return None
@@ -127,7 +128,7 @@ def sharegpt_prompts(
     if n is not None and n <= 0:
         return prompts
     for conversation in iter_json_array(path):
-        text = _first_human_turn(conversation) if isinstance(conversation, dict) else None
+        text = _first_turn(conversation, "human") if isinstance(conversation, dict) else None
         if text is None:
             continue
         text = text.strip()
@@ -153,9 +154,9 @@ def sharegpt_answers(n: int, start: int = SHAREGPT_ANSWERS_FROM, path: str | Pat
     for i, conversation in enumerate(iter_json_array(path)):
         if i < start or not isinstance(conversation, dict):
             continue
-        turn = next((t for t in conversation.get("conversations") or () if t.get("from") == "gpt"), None)
-        if turn is not None and isinstance(turn.get("value"), str) and turn["value"].strip():
-            answers.append(turn["value"])
+        text = _first_turn(conversation, "gpt")
+        if text is not None and text.strip():
+            answers.append(text)
             if len(answers) >= n:
                 break
     return answers
