@@ -54,6 +54,8 @@ def test_the_key_is_null_or_an_existing_file(tmp_path):
     assert LookaheadParams(suffix_corpus=str(path)).suffix_corpus == str(path)
     with pytest.raises(ValueError, match="suffix_corpus needs suffix_cache_requests > 0"):
         LookaheadParams(suffix_corpus=str(path), suffix_cache_requests=0)
+    with pytest.raises(ValueError, match="suffix_corpus needs suffix_candidates > 0"):
+        LookaheadParams(suffix_corpus=str(path), suffix_candidates=0)
     for bad in (str(tmp_path / "missing.jsonl"), str(tmp_path), 3, ""):
         with pytest.raises(ValueError, match="suffix_corpus must be null or the path of an existing file"):
             LookaheadParams(suffix_corpus=bad)

@@ -138,6 +138,9 @@ class LookaheadParams:
             _check(f.name, getattr(self, f.name), f.metadata["range"])
         if self.suffix_corpus is not None and self.suffix_cache_requests == 0:
             raise ValueError("lookahead: suffix_corpus needs suffix_cache_requests > 0 (the global tree holds it)")
+        if self.suffix_corpus is not None and self.suffix_candidates == 0:
+            # a request may lower suffix_candidates but never raise it past the server's: no tree could draft
+            raise ValueError("lookahead: suffix_corpus needs suffix_candidates > 0 (nothing would draft from it)")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
