@@ -55,7 +55,15 @@ def test_the_key_is_null_or_an_existing_file(tmp_path):
     with pytest.raises(ValueError, match="suffix_corpus needs suffix_cache_requests > 0"):
         LookaheadParams(suffix_corpus=str(path), suffix_cache_requests=0)
     with pytest.raises(ValueError, match="suffix_corpus needs suffix_candidates > 0"):
-        LookaheadParams(suffix_corpus=str(path), suffix_candidates=0)
+        LookaheadParams.from_mapping({"suffix_corpus": str(path), "suffix_candidates": 0})
+
+
+def test_a_request_may_turn_the_suffix_trees_off_on_a_server_with_a_corpus(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('"x"\n', encoding="utf-8")
+    server = LookaheadParams.from_mapping({"suffix_corpus": str(path)})
+    own = server.for_request({"suffix_candidates": 0})
+    assert own.suffix_candidates == 0 and own.suffix_corpus == server.suffix_corpus
     for bad in (str(tmp_path / "missing.jsonl"), str(tmp_path), 3, ""):
         with pytest.raises(ValueError, match="suffix_corpus must be null or the path of an existing file"):
             LookaheadParams(suffix_corpus=bad)

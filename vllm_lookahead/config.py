@@ -138,9 +138,6 @@ class LookaheadParams:
             _check(f.name, getattr(self, f.name), f.metadata["range"])
         if self.suffix_corpus is not None and self.suffix_cache_requests == 0:
             raise ValueError("lookahead: suffix_corpus needs suffix_cache_requests > 0 (the global tree holds it)")
-        if self.suffix_corpus is not None and self.suffix_candidates == 0:
-            # a request may lower suffix_candidates but never raise it past the server's: no tree could draft
-            raise ValueError("lookahead: suffix_corpus needs suffix_candidates > 0 (nothing would draft from it)")
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -149,12 +146,17 @@ class LookaheadParams:
 
     @classmethod
     def from_mapping(cls, given: Mapping[str, Any]) -> LookaheadParams:
-        """From user keys (e.g. speculative_config's). A key whose value is None takes its default; an unknown
-        key is an error naming it and the allowed keys."""
+        """A server's parameters from user keys (e.g. speculative_config's). A key whose value is None takes its
+        default; an unknown key is an error naming it and the allowed keys."""
         unknown = sorted(str(k) for k in given if k not in cls.keys())
         if unknown:
             raise ValueError(f"lookahead: unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(cls.keys())}")
-        return cls(**{k: v for k, v in given.items() if v is not None})
+        params = cls(**{k: v for k, v in given.items() if v is not None})
+        if params.suffix_corpus is not None and params.suffix_candidates == 0:
+            # A request may lower suffix_candidates (its own params may hold 0 with the corpus) but never raise it
+            # past the server's: with 0 here no tree could ever draft from the corpus.
+            raise ValueError("lookahead: suffix_corpus needs suffix_candidates > 0 (nothing would draft from it)")
+        return params
 
     def for_request(self, given: Any, where: str = "extra_args.lookahead") -> LookaheadParams:
         """This server's parameters with a request's own settings applied (`given`: key -> value, a subset of
