@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--rows must be comma-separated integers (got {args.rows!r})")
     if not args.row_list or min(args.row_list) < 1 or args.row_list != sorted(set(args.row_list)):
         p.error("--rows must be distinct positive integers, rising")
+    if len(args.row_list) > KEPT:  # more would rebuild every call's primitive, and time the builds
+        p.error(f"--rows: at most {KEPT} counts (a handler keeps {KEPT} row counts' primitives)")
     if args.reps < 1 or (args.threads is not None and args.threads < 1):
         p.error("--reps and --threads must be >= 1")
     return args

@@ -56,6 +56,9 @@ def test_the_key_is_null_or_an_existing_file(tmp_path):
         LookaheadParams(suffix_corpus=str(path), suffix_cache_requests=0)
     with pytest.raises(ValueError, match="suffix_corpus needs suffix_candidates > 0"):
         LookaheadParams.from_mapping({"suffix_corpus": str(path), "suffix_candidates": 0})
+    for bad in (str(tmp_path / "missing.jsonl"), str(tmp_path), 3, ""):
+        with pytest.raises(ValueError, match="suffix_corpus must be null or the path of an existing file"):
+            LookaheadParams(suffix_corpus=bad)
 
 
 def test_a_request_may_turn_the_suffix_trees_off_on_a_server_with_a_corpus(tmp_path):
@@ -64,9 +67,6 @@ def test_a_request_may_turn_the_suffix_trees_off_on_a_server_with_a_corpus(tmp_p
     server = LookaheadParams.from_mapping({"suffix_corpus": str(path)})
     own = server.for_request({"suffix_candidates": 0})
     assert own.suffix_candidates == 0 and own.suffix_corpus == server.suffix_corpus
-    for bad in (str(tmp_path / "missing.jsonl"), str(tmp_path), 3, ""):
-        with pytest.raises(ValueError, match="suffix_corpus must be null or the path of an existing file"):
-            LookaheadParams(suffix_corpus=bad)
 
 
 def test_seeded_outputs_are_drafted_before_any_request_and_evicted_first():

@@ -45,10 +45,20 @@ def test_it_prints_a_row_per_count(tmp_path, capsys):
 
 def test_the_line_is_fitted_over_every_count():
     assert line_fit([1, 2, 4], [11.0, 12.0, 14.0]) == pytest.approx((10.0, 1.0))
+    assert line_fit([1, 2, 3], [1.0, 3.0, 2.0]) == pytest.approx((1.0, 0.5))  # least squares, not the end points
 
 
 @pytest.mark.parametrize(
-    "flags", [["--rows", "4,2"], ["--rows", "0,1"], ["--rows", "a"], ["--rows", "2,2"], ["--reps", "0"]]
+    "flags",
+    [
+        ["--rows", "4,2"],
+        ["--rows", "0,1"],
+        ["--rows", "a"],
+        ["--rows", "2,2"],
+        ["--rows", ",".join(map(str, range(1, 34)))],
+        ["--reps", "0"],
+        ["--threads", "0"],
+    ],
 )
 def test_bad_flags_are_refused(flags):
     with pytest.raises(SystemExit):

@@ -124,8 +124,9 @@ class LookaheadEngine:
 
     def _load_corpus(self, path: str, tokenize: Callable[[str], list[int]] | None) -> None:
         """The suffix corpus into the global suffix tree (`corpus.py`), tokenized by the served model's tokenizer."""
-        if self.suffix is None:
-            logger.warning("lookahead: suffix_corpus is not loaded: the suffix trees are off (no arctic_inference)")
+        if self.suffix is None or not self.params.suffix_candidates:  # the latter only where built without a server
+            why = "no arctic_inference" if self.suffix is None else "suffix_candidates is 0"
+            logger.warning("lookahead: suffix_corpus is not loaded: the suffix trees are off (%s)", why)
             return
         if tokenize is None:
             raise ValueError("lookahead: suffix_corpus needs the model's tokenizer, which this engine was not given")
