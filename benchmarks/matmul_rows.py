@@ -18,13 +18,12 @@ knee `sizing.StepCost` fits.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from matmul_sizes import KEPT, linear_shapes, warm_up  # the scripts run from benchmarks/, which is on sys.path
+from matmul_sizes import KEPT, linear_shapes, set_up  # the scripts run from benchmarks/, which is on sys.path
 
 DEFAULT_ROWS = "1,2,4,6,8,12,16,24,32"
 
@@ -81,15 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from vllm import _custom_ops as ops
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.model is None:
-        from vllm_lookahead.models import default_model_path
-
-        args.model = default_model_path()
-    config = json.loads((Path(args.model) / "config.json").read_text())
-    dtype = getattr(torch, args.dtype)
-    warm_up(dtype)
+    config, dtype = set_up(args)
     handlers = []  # (handler, input features), in a forward's order of weights (layer by layer is not needed)
     params = 0
     for n, k, copies in layer_weights(config):

@@ -103,8 +103,9 @@ def warm_up(dtype: object) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def set_up(args: argparse.Namespace) -> tuple[dict, object]:
+    """The set-up both matmul benchmarks share: torch's threads, the model (the embedded one by default; args.model
+    is set to its folder), its config and the dtype, and oneDNN's start paid before anything is timed."""
     import torch
 
     if args.threads is not None:
@@ -115,8 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         args.model = default_model_path()
     config = json.loads((Path(args.model) / "config.json").read_text())
     dtype = getattr(torch, args.dtype)
-    print(f"{Path(args.model).name}, {args.dtype}, {torch.get_num_threads()} threads: microseconds a call\n")
     warm_up(dtype)
+    return config, dtype
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    config, dtype = set_up(args)
+    print(f"{Path(args.model).name}, {args.dtype}, {torch.get_num_threads()} threads: microseconds a call\n")
     print(f"sizes {MEASURED[0]}-{MEASURED[-1]} rows in every column\n")
     print("| weight shape | layer | hit | first | rebuilt |")
     print("|---|---|---|---|---|")
