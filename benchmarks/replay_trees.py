@@ -64,6 +64,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
     p.add_argument("--calibration", action="store_true", help="also print the node scores against acceptance")
     p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="carry exactly the drafted nodes each step's output goes through (a scorer that knew the output): the "
+        "candidates' ceiling at this cost, against the sized trees",
+    )
+    p.add_argument(
+        "--plugin-seconds",
+        type=float,
+        default=0.0,
+        help="seconds a lookahead step adds for the plugin's own Python (drafting, verification; about 0.002 at "
+        "batch 1 on a CPU: `profile_engine.py --wall`), on lookahead's side of the ratio to suffix only",
+    )
+    p.add_argument(
         "--suffix-seed",
         type=int,
         default=0,
@@ -83,6 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--num-prompts must be >= 1")
     if not args.fixed > 0 or not args.per_token >= 0:
         p.error("--fixed must be > 0 and --per-token >= 0 (seconds)")
+    if args.oracle and args.calibration:
+        p.error("--calibration reads the scores the sizing weighs, which --oracle does not use")
+    if not args.plugin_seconds >= 0:
+        p.error("--plugin-seconds must be >= 0 (seconds)")
     if args.suffix_seed < 0:
         p.error("--suffix-seed must be >= 0 (conversations)")
     if args.knee < 1:
@@ -139,6 +156,7 @@ def replay(
     truth: Sequence[float] | None = None,
     calibration: list[tuple[float, bool, bool]] | None = None,
     seed: Sequence[Sequence[int]] = (),
+    oracle: bool = False,
 ) -> tuple[float, float, float]:
     """(tokens per step, draft nodes per step, tokens per modelled second) over requests[warm:], each request's
     (prompt, greedy output[, the target's top tokens at each output position]) replayed in order through one
@@ -146,7 +164,9 @@ def replay(
     given). Raises if a replayed output differs from the known one (the replay must be exact). `calibration`, when
     given, receives (score, carried, accepted) for each node of each counted step's tree that lies within the output:
     carried if the step verified it, accepted if the output goes through it. `seed`: token sequences the global suffix
-    tree holds as finished outputs before the first request."""
+    tree holds as finished outputs before the first request. `oracle`: each step carries exactly the drafted nodes the
+    output goes through, as a scorer that knew the output would size it: the most the candidates can give at this
+    cost (the sizing and its scores are then not used; the statistics still learn, for the sources that read them)."""
     from vllm_lookahead.acceptance import AcceptanceStats
     from vllm_lookahead.recycle import TokenRecycler
     from vllm_lookahead.sizing import StepCost, plan_step, score_floor
@@ -170,10 +190,17 @@ def replay(
         state = LookaheadState(params, list(prompt), stats=stats, suffix=suffix, req_id=rid, recycle=recycle)
         made = [output[0]]  # the prefill's token
         while len(made) < len(output):
-            tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
-            trees, sizes = plan_step([tree], [1 << 16], 1, cost, 1 << 16)
             truth = output[len(made) :]
-            if calibration is not None and rid >= warm:
+            if oracle:
+                whole = state.build_tree(made[-1])
+                through, _ = whole.follow(truth)
+                carried = max(whole.depths[u] for u in through)  # the drafts on the output's path, and no others
+                trees, sizes = [whole], [whole.num_nodes]
+            else:
+                tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
+                trees, sizes = plan_step([tree], [1 << 16], 1, cost, 1 << 16)
+                carried = sizes[0] - 1
+            if calibration is not None and rid >= warm and not oracle:
                 whole = trees[0]
                 through, _ = whole.follow(truth)
                 calibration.extend(
@@ -195,11 +222,64 @@ def replay(
             if rid >= warm:
                 steps += 1
                 tokens += len(new)
-                drafts += sizes[0] - 1
-                seconds += paid.seconds(1, sizes[0] - 1)
+                drafts += carried
+                seconds += paid.seconds(1, carried)
         state.close()
         if made != list(output):
             raise AssertionError(f"replay of request {rid} differs from its output")
+    return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
+
+
+def replay_suffix(
+    requests: Sequence[Sequence[Sequence]],
+    model: Sequence[float],
+    warm: int = 0,
+    num_speculative_tokens: int = 8,
+    max_depth: int = 24,
+    max_spec_factor: float = 1.0,
+    min_token_prob: float = 0.1,
+) -> tuple[float, float, float]:
+    """The same as `replay` for vLLM's own suffix method (`SuffixDecodingProposer`, vLLM's defaults and the
+    benchmarks' 8 speculative tokens): each step one chain from the suffix library, verified against the known
+    output, priced by the same step cost (a step of R requests and D drafts: `model`'s seconds). The peer's side of a
+    lookahead / suffix ratio in modelled seconds, free of the machine's drift between runs."""
+    import numpy as np
+    from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+    from vllm_lookahead.sizing import StepCost
+
+    cost = StepCost.frozen(model)
+    cache = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=10000)
+    steps = tokens = drafts = 0
+    seconds = 0.0
+    for rid, (prompt, output, *_) in enumerate(requests):
+        cache.start_request(rid, np.asarray(prompt, dtype=np.int32))
+        seq = [*prompt, output[0]]  # the prefill's token
+        cache.add_active_response(rid, np.asarray(output[:1], dtype=np.int32))
+        made = 1
+        while made < len(output):
+            draft = cache.speculate(
+                rid,
+                np.asarray(seq[-max_depth:], dtype=np.int32),
+                max_spec_tokens=num_speculative_tokens,
+                max_spec_factor=max_spec_factor,
+                min_token_prob=min_token_prob,
+            )
+            chain = [int(t) for t in draft.token_ids]
+            truth = output[made:]
+            k = 0
+            while k < len(chain) and k < len(truth) and chain[k] == truth[k]:
+                k += 1
+            new = list(truth[: k + 1])  # the accepted drafts and the target's own next token
+            cache.add_active_response(rid, np.asarray(new, dtype=np.int32))
+            seq.extend(new)
+            made += len(new)
+            if rid >= warm:
+                steps += 1
+                tokens += len(new)
+                drafts += len(chain)
+                seconds += cost.seconds(1, len(chain))
+        cache.stop_request(rid)
     return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
 
 
@@ -256,21 +336,35 @@ def main(argv: list[str] | None = None) -> int:
     knee = "" if args.knee <= 1 else f" past {args.knee} tokens, {args.per_token_below} s up to them"
     if args.sizing_line is not None:
         knee += f"; trees sized by the line {args.sizing_line[0]} s + {args.sizing_line[1]} s per token"
+    if args.oracle:
+        knee += "; oracle: each step carries exactly the drafts the output goes through"
     print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
           f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
-    print("| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second |")
-    print("|---|---|---|---|---|")
+    print(
+        "| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second "
+        "| suffix (vLLM's): tokens per step | draft nodes per step | tokens per modelled second | lookahead / suffix |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     records: dict[str, list[tuple[float, bool, bool]]] = {}
     for ds in DATASETS:
         requests = data[ds]
         # the last request is the warm-up, replayed first
         paid = cost_model(args.fixed, args.per_token, args.knee, args.per_token_below)
         model = paid if args.sizing_line is None else cost_model(*args.sizing_line)
-        calibration = records[ds] = [] if args.calibration else None
+        calibration = None
+        if args.calibration:
+            calibration = records[ds] = []
+        ordered = [requests[-1], *requests[:-1]]
         tf, nodes, rate = replay(
-            [requests[-1], *requests[:-1]], params, model, warm=1, truth=paid, calibration=calibration, seed=seed
+            ordered, params, model, warm=1, truth=paid, calibration=calibration, seed=seed, oracle=args.oracle
         )
-        print(f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} |")
+        if args.plugin_seconds:  # the plugin's own time a step, on lookahead's side only
+            rate = tf / (tf / rate + args.plugin_seconds)
+        peer = replay_suffix(ordered, paid, warm=1)
+        print(
+            f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} "
+            f"| {peer[0]:.2f} | {peer[1]:.1f} | {peer[2]:.1f} | {rate / peer[2]:.3f}x |"
+        )
     for ds, rec in records.items():
         print(f"\n{ds}: node scores against acceptance\n")
         print("\n".join(calibration_table(rec)))

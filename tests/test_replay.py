@@ -83,6 +83,7 @@ def test_trees_sized_by_one_cost_and_paid_at_another():
         ["--per-token", "0.001", "--per-token-below", "0.002"],
         ["--num-prompts", "0"],
         ["--suffix-seed", "-1"],
+        ["--plugin-seconds", "-0.001"],
     ],
 )
 def test_bad_cost_flags_are_refused_naming_the_flag(flags, capsys):
@@ -130,3 +131,61 @@ def test_calibration_table_buckets_by_score():
     assert rows[2] == "| 0.00-0.02 | 0 | - | - | 1 | 0.010 | 0.000 |"
     assert rows[3] == "| 0.90+ | 2 | 0.940 | 0.500 | 0 | - | - |"
     assert len(rows) == 4  # empty buckets are left out
+
+
+def test_the_suffix_peer_drafts_chains_of_at_most_its_tokens_and_reproduces_the_output():
+    """vLLM's suffix method replayed: one chain a step of at most num_speculative_tokens, verified against the output;
+    a repeating text is drafted from, a text with nothing to copy is decoded a token a step."""
+    pytest.importorskip("arctic_inference")
+    from benchmarks.replay_trees import replay_suffix
+
+    cost = cost_model(0.035, 0.001)
+    per_step, drafts, rate = replay_suffix([(PERIOD[:6], (PERIOD * 10)[6:100])], cost, num_speculative_tokens=4)
+    assert 2.0 < per_step <= 5.0 and 0 < drafts <= 4.0
+    assert rate == pytest.approx(per_step / cost_model_seconds(cost, drafts))
+    fresh = replay_suffix([([1, 2], list(range(10, 90)))], cost)
+    assert fresh[0] == pytest.approx(1.0) and fresh[1] == 0.0
+
+
+def cost_model_seconds(model: tuple, drafts: float) -> float:
+    """A straight-line cost model's seconds for a one-request step of `drafts` draft tokens (fractional: a mean)."""
+    fixed, _, per_token, *_ = model
+    return fixed + per_token * (1 + drafts)
+
+
+def test_the_oracle_carries_only_the_drafts_the_output_goes_through():
+    """--oracle: no draft a step carries is rejected, so each step's drafts are its tokens but the target's own (one
+    fewer at the end of an output), and it makes at least the sized trees' tokens per step and per second."""
+    params = LookaheadParams(suffix_candidates=0)
+    text = [(PERIOD[:6], (PERIOD * 10)[6:100])]
+    cost = cost_model(0.035, 0.002)
+    per_step, drafts, rate = replay(text, params, cost, oracle=True)
+    steps = (len(text[0][1]) - 1) / per_step
+    assert per_step - 1 <= drafts <= per_step - 1 + 1 / steps
+    sized = replay(text, params, cost)
+    assert per_step >= sized[0] and rate > sized[2] and drafts < sized[1]
+
+
+def test_oracle_and_calibration_together_are_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--oracle", "--calibration"])
+    assert stop.value.code == 2 and "--oracle" in capsys.readouterr().err
+
+
+def test_main_prints_lookahead_against_suffix_per_dataset(tmp_path, capsys):
+    """The script end to end on a small sequences file, with and without --calibration (without it, main used to
+    fail after its table)."""
+    pytest.importorskip("arctic_inference")
+    import json
+
+    from benchmarks.replay_trees import main
+
+    seqs = tmp_path / "s.json"
+    req = [PERIOD[:6], (PERIOD * 6)[6:60]]
+    seqs.write_text(json.dumps({"humaneval": [req, req], "sharegpt": [req, [[1, 2], list(range(10, 50))]]}))
+    assert main(["--sequences", str(seqs)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| humaneval", "| sharegpt"))]
+    assert len(rows) == 2 and all(line.endswith("x |") for line in rows)
+    assert main(["--sequences", str(seqs), "--calibration", "--plugin-seconds", "0.002"]) == 0
+    assert "node scores against acceptance" in capsys.readouterr().out
