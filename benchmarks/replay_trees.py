@@ -25,6 +25,7 @@ replay cannot see).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -73,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plugin-seconds",
         type=float,
         default=0.0,
-        help="seconds a lookahead step adds for the plugin's own Python (drafting, verification; about 0.002 at "
+        help="seconds a lookahead step adds for the plugin's own Python (drafting, verification; about 0.0022 at "
         "batch 1 on a CPU: `profile_engine.py --wall`), on lookahead's side of the ratio to suffix only",
     )
     p.add_argument(
@@ -166,7 +167,8 @@ def replay(
     carried if the step verified it, accepted if the output goes through it. `seed`: token sequences the global suffix
     tree holds as finished outputs before the first request. `oracle`: each step carries exactly the drafted nodes the
     output goes through, as a scorer that knew the output would size it: the most the candidates can give at this
-    cost (the sizing and its scores are then not used; the statistics still learn, for the sources that read them)."""
+    cost (the sizing is then not used; the tree is still the state's, cut to `max_tree_nodes` by score, and the
+    statistics still learn, for the sources that read them)."""
     from vllm_lookahead.acceptance import AcceptanceStats
     from vllm_lookahead.recycle import TokenRecycler
     from vllm_lookahead.sizing import StepCost, plan_step, score_floor
@@ -194,8 +196,12 @@ def replay(
             if oracle:
                 whole = state.build_tree(made[-1])
                 through, _ = whole.follow(truth)
-                carried = max(whole.depths[u] for u in through)  # the drafts on the output's path, and no others
-                trees, sizes = [whole], [whole.num_nodes]
+                # The drafts on the output's path and no others (where the path reaches the output's end, its last
+                # token is the target's own).
+                carried = min(max(whole.depths[u] for u in through), len(truth) - 1)
+                # Window slots off the path were not carried: they keep their guesses, as cut-off slots do.
+                kept = {slot: u for slot, u in whole.window_node.items() if u in through}
+                trees, sizes = [dataclasses.replace(whole, window_node=kept)], [whole.num_nodes]
             else:
                 tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
                 trees, sizes = plan_step([tree], [1 << 16], 1, cost, 1 << 16)
@@ -283,6 +289,11 @@ def replay_suffix(
     return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
 
 
+def with_plugin_seconds(per_step: float, rate: float, plugin_seconds: float) -> float:
+    """Tokens per modelled second when each step also pays `plugin_seconds` (per_step / rate: a step's mean time)."""
+    return per_step / (per_step / rate + plugin_seconds)
+
+
 SCORE_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
 
@@ -358,8 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         tf, nodes, rate = replay(
             ordered, params, model, warm=1, truth=paid, calibration=calibration, seed=seed, oracle=args.oracle
         )
-        if args.plugin_seconds:  # the plugin's own time a step, on lookahead's side only
-            rate = tf / (tf / rate + args.plugin_seconds)
+        rate = with_plugin_seconds(tf, rate, args.plugin_seconds)  # on lookahead's side only
         peer = replay_suffix(ordered, paid, warm=1)
         print(
             f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} "

@@ -160,10 +160,34 @@ def test_the_oracle_carries_only_the_drafts_the_output_goes_through():
     text = [(PERIOD[:6], (PERIOD * 10)[6:100])]
     cost = cost_model(0.035, 0.002)
     per_step, drafts, rate = replay(text, params, cost, oracle=True)
-    steps = (len(text[0][1]) - 1) / per_step
-    assert per_step - 1 <= drafts <= per_step - 1 + 1 / steps
+    assert drafts == pytest.approx(per_step - 1)
     sized = replay(text, params, cost)
     assert per_step >= sized[0] and rate > sized[2] and drafts < sized[1]
+
+
+def test_the_oracle_leaves_the_window_slots_it_did_not_carry_alone(monkeypatch):
+    """The window learns only from the slots a step carried (cut-off slots keep their guesses): under --oracle, the
+    ones on the output's path."""
+    from vllm_lookahead.state import LookaheadState
+
+    seen: list[tuple[dict, set[int]]] = []
+    real = LookaheadState.update
+
+    def update(self, tree, argmax, accepted, top=None):  # noqa: ANN001, ANN202
+        seen.append((dict(tree.window_node), tree.follow(accepted)[0]))
+        return real(self, tree, argmax, accepted, top)
+
+    monkeypatch.setattr(LookaheadState, "update", update)
+    replay(
+        [(PERIOD[:6], (PERIOD * 10)[6:100])],
+        LookaheadParams(suffix_candidates=0),
+        cost_model(0.035, 0.002),
+        oracle=True,
+    )
+    assert seen and all(set(slots.values()) <= path for slots, path in seen)
+    seen.clear()
+    replay([(PERIOD[:6], (PERIOD * 10)[6:100])], LookaheadParams(suffix_candidates=0), cost_model(0.035, 0.0))
+    assert any(not set(slots.values()) <= path for slots, path in seen)  # sized trees carry slots off the path
 
 
 def test_oracle_and_calibration_together_are_refused(capsys):
@@ -189,3 +213,70 @@ def test_main_prints_lookahead_against_suffix_per_dataset(tmp_path, capsys):
     assert len(rows) == 2 and all(line.endswith("x |") for line in rows)
     assert main(["--sequences", str(seqs), "--calibration", "--plugin-seconds", "0.002"]) == 0
     assert "node scores against acceptance" in capsys.readouterr().out
+
+
+def test_plugin_seconds_are_added_to_every_step():
+    from benchmarks.replay_trees import with_plugin_seconds
+
+    # 2 tokens a step at 20 tokens/s is 0.1 s a step; 0.1 s more halves the rate
+    assert with_plugin_seconds(2.0, 20.0, 0.1) == pytest.approx(10.0)
+    assert with_plugin_seconds(2.0, 20.0, 0.0) == 20.0
+
+
+def _vllm_suffix_decode(requests: list, num_spec: int) -> tuple[float, float]:
+    """Greedy batch-1 decoding of known outputs with vLLM's own `SuffixDecodingProposer` driving the drafts (one
+    request at a time, in order, the global tree shared): tokens and drafts per step over all requests."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+    spec = SimpleNamespace(
+        num_speculative_tokens=num_spec,
+        suffix_decoding_max_tree_depth=24,
+        suffix_decoding_max_spec_factor=1.0,
+        suffix_decoding_min_token_prob=0.1,
+        suffix_decoding_max_cached_requests=10000,
+    )
+    proposer = SuffixDecodingProposer(
+        SimpleNamespace(speculative_config=spec, model_config=SimpleNamespace(max_model_len=4096))
+    )
+    steps = tokens = drafts = 0
+    for rid, (prompt, output) in enumerate(requests):
+        req = f"r{rid}"
+        seq, sampled = [*prompt, output[0]], [output[0]]  # the prefill's token
+        while len(seq) - len(prompt) < len(output):
+            row = np.zeros((1, 4096), dtype=np.int32)
+            row[0, : len(seq)] = seq
+            batch = SimpleNamespace(
+                req_ids=[req],
+                num_tokens_no_spec=[len(seq)],
+                req_id_to_index={req: 0},
+                num_prompt_tokens=[len(prompt)],
+                token_ids_cpu=row,
+            )
+            (chain,) = proposer.propose(num_spec, batch, [sampled])
+            truth = output[len(seq) - len(prompt) :]
+            k = 0
+            while k < len(chain) and k < len(truth) and chain[k] == truth[k]:
+                k += 1
+            sampled = list(truth[: k + 1])
+            seq += sampled
+            steps, tokens, drafts = steps + 1, tokens + len(sampled), drafts + len(chain)
+    empty = SimpleNamespace(req_ids=[], req_id_to_index={})
+    proposer.propose(num_spec, empty, [])  # the last request stops, as when it leaves the batch
+    return tokens / steps, drafts / steps
+
+
+def test_the_suffix_peer_replays_what_vllms_own_proposer_drafts():
+    """replay_suffix against vLLM's SuffixDecodingProposer itself, driven step by step over the same outputs: the
+    same tokens and drafts a step (a wrong context, e.g. without the prefill's token, or other settings differ)."""
+    pytest.importorskip("arctic_inference")
+    from benchmarks.replay_trees import replay_suffix
+
+    text = (PERIOD * 3 + [7, 7, 2, 3] + PERIOD[2:9] * 4)[:90]
+    requests = [(PERIOD[:6], text[6:70]), ([5, 3, 5], text[20:80]), ([1, 4], [9, 9, *text[3:40]])]
+    ours = replay_suffix(requests, cost_model(0.035, 0.001), num_speculative_tokens=6)
+    per_step, drafts = _vllm_suffix_decode(requests, num_spec=6)
+    assert ours[0] == pytest.approx(per_step) and ours[1] == pytest.approx(drafts)
+    assert per_step > 1.5  # something was drafted and accepted
