@@ -200,7 +200,7 @@ def replay(
                 # token is the target's own).
                 carried = min(max(whole.depths[u] for u in through), len(truth) - 1)
                 # Window slots off the path were not carried: they keep their guesses, as cut-off slots do.
-                kept = {slot: u for slot, u in whole.window_node.items() if u in through}
+                kept = {slot: u for slot, u in whole.window_node.items() if u in through and whole.depths[u] <= carried}
                 trees, sizes = [dataclasses.replace(whole, window_node=kept)], [whole.num_nodes]
             else:
                 tree = state.build_tree(made[-1], min_score=score_floor(cost, 1))
@@ -236,26 +236,38 @@ def replay(
     return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
 
 
+def vllm_suffix_defaults() -> dict[str, float]:
+    """vLLM's own defaults of its suffix method (`SpeculativeConfig.suffix_decoding_*`), read from the installed
+    vLLM rather than copied."""
+    from vllm.config import SpeculativeConfig
+
+    prefix = "suffix_decoding_"
+    return {
+        f.name[len(prefix) :]: f.default for f in dataclasses.fields(SpeculativeConfig) if f.name.startswith(prefix)
+    }
+
+
 def replay_suffix(
     requests: Sequence[Sequence[Sequence]],
     model: Sequence[float],
     warm: int = 0,
     num_speculative_tokens: int = 8,
-    max_depth: int = 24,
-    max_spec_factor: float = 1.0,
-    min_token_prob: float = 0.1,
+    chains: list[list[int]] | None = None,
 ) -> tuple[float, float, float]:
-    """The same as `replay` for vLLM's own suffix method (`SuffixDecodingProposer`, vLLM's defaults and the
+    """The same as `replay` for vLLM's own suffix method (`SuffixDecodingProposer`, with vLLM's defaults and the
     benchmarks' 8 speculative tokens): each step one chain from the suffix library, verified against the known
     output, priced by the same step cost (a step of R requests and D drafts: `model`'s seconds). The peer's side of a
-    lookahead / suffix ratio in modelled seconds, free of the machine's drift between runs."""
+    lookahead / suffix ratio in modelled seconds, free of the machine's drift between runs. `chains`, when given,
+    receives every step's drafted chain."""
     import numpy as np
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
     from vllm_lookahead.sizing import StepCost
 
+    d = vllm_suffix_defaults()
+    max_depth = int(d["max_tree_depth"])
     cost = StepCost.frozen(model)
-    cache = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=10000)
+    cache = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=int(d["max_cached_requests"]))
     steps = tokens = drafts = 0
     seconds = 0.0
     for rid, (prompt, output, *_) in enumerate(requests):
@@ -268,10 +280,12 @@ def replay_suffix(
                 rid,
                 np.asarray(seq[-max_depth:], dtype=np.int32),
                 max_spec_tokens=num_speculative_tokens,
-                max_spec_factor=max_spec_factor,
-                min_token_prob=min_token_prob,
+                max_spec_factor=d["max_spec_factor"],
+                min_token_prob=d["min_token_prob"],
             )
             chain = [int(t) for t in draft.token_ids]
+            if chains is not None:
+                chains.append(chain)
             truth = output[made:]
             k = 0
             while k < len(chain) and k < len(truth) and chain[k] == truth[k]:
@@ -291,7 +305,7 @@ def replay_suffix(
 
 def with_plugin_seconds(per_step: float, rate: float, plugin_seconds: float) -> float:
     """Tokens per modelled second when each step also pays `plugin_seconds` (per_step / rate: a step's mean time)."""
-    return per_step / (per_step / rate + plugin_seconds)
+    return rate if not plugin_seconds else per_step / (per_step / rate + plugin_seconds)
 
 
 SCORE_EDGES = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)

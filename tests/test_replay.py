@@ -167,14 +167,14 @@ def test_the_oracle_carries_only_the_drafts_the_output_goes_through():
 
 def test_the_oracle_leaves_the_window_slots_it_did_not_carry_alone(monkeypatch):
     """The window learns only from the slots a step carried (cut-off slots keep their guesses): under --oracle, the
-    ones on the output's path."""
+    ones on the output's path, up to its last draft (the step's last token is the target's own)."""
     from vllm_lookahead.state import LookaheadState
 
     seen: list[tuple[dict, set[int]]] = []
     real = LookaheadState.update
 
     def update(self, tree, argmax, accepted, top=None):  # noqa: ANN001, ANN202
-        seen.append((dict(tree.window_node), tree.follow(accepted)[0]))
+        seen.append((dict(tree.window_node), tree.follow(accepted[:-1])[0]))  # the nodes of the step's drafts
         return real(self, tree, argmax, accepted, top)
 
     monkeypatch.setattr(LookaheadState, "update", update)
@@ -185,6 +185,7 @@ def test_the_oracle_leaves_the_window_slots_it_did_not_carry_alone(monkeypatch):
         oracle=True,
     )
     assert seen and all(set(slots.values()) <= path for slots, path in seen)
+    assert any(set(slots.values()) - {0} for slots, _ in seen)  # the carried slots stay: the window still learns
     seen.clear()
     replay([(PERIOD[:6], (PERIOD * 10)[6:100])], LookaheadParams(suffix_candidates=0), cost_model(0.035, 0.0))
     assert any(not set(slots.values()) <= path for slots, path in seen)  # sized trees carry slots off the path
@@ -223,25 +224,23 @@ def test_plugin_seconds_are_added_to_every_step():
     assert with_plugin_seconds(2.0, 20.0, 0.0) == 20.0
 
 
-def _vllm_suffix_decode(requests: list, num_spec: int) -> tuple[float, float]:
-    """Greedy batch-1 decoding of known outputs with vLLM's own `SuffixDecodingProposer` driving the drafts (one
-    request at a time, in order, the global tree shared): tokens and drafts per step over all requests."""
+def _vllm_suffix_chains(requests: list, num_spec: int) -> list[list[int]]:
+    """Greedy batch-1 decoding of known outputs with vLLM's own `SuffixDecodingProposer` drafting (one request at a
+    time, in order, the global tree shared, vLLM's default settings): every step's drafted chain."""
     from types import SimpleNamespace
 
     import numpy as np
     from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
 
+    from benchmarks.replay_trees import vllm_suffix_defaults
+
     spec = SimpleNamespace(
-        num_speculative_tokens=num_spec,
-        suffix_decoding_max_tree_depth=24,
-        suffix_decoding_max_spec_factor=1.0,
-        suffix_decoding_min_token_prob=0.1,
-        suffix_decoding_max_cached_requests=10000,
+        num_speculative_tokens=num_spec, **{f"suffix_decoding_{k}": v for k, v in vllm_suffix_defaults().items()}
     )
     proposer = SuffixDecodingProposer(
         SimpleNamespace(speculative_config=spec, model_config=SimpleNamespace(max_model_len=4096))
     )
-    steps = tokens = drafts = 0
+    chains = []
     for rid, (prompt, output) in enumerate(requests):
         req = f"r{rid}"
         seq, sampled = [*prompt, output[0]], [output[0]]  # the prefill's token
@@ -256,27 +255,31 @@ def _vllm_suffix_decode(requests: list, num_spec: int) -> tuple[float, float]:
                 token_ids_cpu=row,
             )
             (chain,) = proposer.propose(num_spec, batch, [sampled])
-            truth = output[len(seq) - len(prompt) :]
-            k = 0
-            while k < len(chain) and k < len(truth) and chain[k] == truth[k]:
-                k += 1
-            sampled = list(truth[: k + 1])
+            chains.append(list(chain))
+            sampled = []  # the accepted drafts, then the target's own token (the output's next)
+            for draft, want in zip(chain, output[len(seq) - len(prompt) :], strict=False):
+                sampled.append(want)
+                if draft != want:
+                    break
+            else:
+                sampled = output[len(seq) - len(prompt) : len(seq) - len(prompt) + len(chain) + 1]
             seq += sampled
-            steps, tokens, drafts = steps + 1, tokens + len(sampled), drafts + len(chain)
-    empty = SimpleNamespace(req_ids=[], req_id_to_index={})
-    proposer.propose(num_spec, empty, [])  # the last request stops, as when it leaves the batch
-    return tokens / steps, drafts / steps
+    proposer.propose(num_spec, SimpleNamespace(req_ids=[], req_id_to_index={}), [])  # the last request leaves
+    return chains
 
 
 def test_the_suffix_peer_replays_what_vllms_own_proposer_drafts():
     """replay_suffix against vLLM's SuffixDecodingProposer itself, driven step by step over the same outputs: the
-    same tokens and drafts a step (a wrong context, e.g. without the prefill's token, or other settings differ)."""
+    same chain at every step (a wrong context, e.g. without the prefill's token, or other settings differ), and
+    every output token counted once."""
     pytest.importorskip("arctic_inference")
     from benchmarks.replay_trees import replay_suffix
 
     text = (PERIOD * 3 + [7, 7, 2, 3] + PERIOD[2:9] * 4)[:90]
     requests = [(PERIOD[:6], text[6:70]), ([5, 3, 5], text[20:80]), ([1, 4], [9, 9, *text[3:40]])]
-    ours = replay_suffix(requests, cost_model(0.035, 0.001), num_speculative_tokens=6)
-    per_step, drafts = _vllm_suffix_decode(requests, num_spec=6)
-    assert ours[0] == pytest.approx(per_step) and ours[1] == pytest.approx(drafts)
+    ours: list[list[int]] = []
+    per_step, drafts, _ = replay_suffix(requests, cost_model(0.035, 0.001), num_speculative_tokens=6, chains=ours)
+    assert ours == _vllm_suffix_chains(requests, num_spec=6)
+    assert per_step * len(ours) == pytest.approx(sum(len(out) - 1 for _, out in requests))
+    assert drafts * len(ours) == pytest.approx(sum(map(len, ours)))
     assert per_step > 1.5  # something was drafted and accepted
