@@ -1,5 +1,5 @@
 """Shared by the in-process benchmark scripts (profile_engine, ab_tree_kernel, ab_sizing, tree_calibration,
-step_mix): their common options, one engine in this process on the embedded default model (greedy, eager) with a
+step_mix): their common options, one engine in this process on the embedded default model (eager) with a
 method's speculative_config, a set's prompts as bench_methods feeds them, and a timed generation after a warm-up."""
 
 from __future__ import annotations
@@ -20,6 +20,22 @@ def add_common_args(p: argparse.ArgumentParser, dtype: str, dataset: str, num_pr
     p.add_argument("--num-prompts", type=int, default=num_prompts)
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """--temperature and --top-p, for the scripts whose measured batch is `timed_generate`'s."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above it, sampled (unseeded)")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests")
+
+
+def sampling_params(args: argparse.Namespace) -> Any:
+    """The measured requests' SamplingParams: greedy, or sampled at --temperature / --top-p (`add_sampling_args`;
+    greedy in scripts without them); --max-tokens each."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", 1.0), max_tokens=args.max_tokens
+    )
 
 
 def engine(args: argparse.Namespace, max_num_seqs: int, speculative_config: dict[str, Any] | None = LOOKAHEAD) -> Any:
@@ -61,12 +77,11 @@ def timed_generate(
     llm: Any, args: argparse.Namespace, concurrency: int, on_start: Callable[[], None]
 ) -> tuple[Any, float, int]:
     """Warms the engine on other prompts of the set (outside the measured ones: the suffix cache keeps finished
-    outputs), calls `on_start`, then generates `--num-prompts` prompts greedily, `--max-tokens` each, one at a time
-    at concurrency 1 and all at once otherwise. Returns the outputs, the seconds and the tokens generated."""
-    from vllm import SamplingParams
-
+    outputs), calls `on_start`, then generates `--num-prompts` prompts (`sampling_params`: greedy unless
+    --temperature), `--max-tokens` each, one at a time at concurrency 1 and all at once otherwise. Returns the
+    outputs, the seconds and the tokens generated."""
     texts = prompts(llm, args.dataset, args.num_prompts + max(concurrency, 2))
-    sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    sp = sampling_params(args)
     measured, warm = texts[: args.num_prompts], texts[args.num_prompts :]
     llm.generate(warm, sp, use_tqdm=False)
     on_start()

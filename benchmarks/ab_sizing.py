@@ -27,7 +27,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from _inprocess import add_common_args, timed_generate  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import (  # the scripts run from benchmarks/, which is on sys.path
+    add_common_args,
+    add_sampling_args,
+    timed_generate,
+)
 from _inprocess import engine as in_process_engine
 
 
@@ -44,6 +48,7 @@ def positive(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, dtype="bfloat16", dataset="sharegpt", num_prompts=48, max_tokens=96)
+    add_sampling_args(p)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument(
         "--scale", type=positive, default=0.5, help="the other bar's price of a draft token, times the fit's"

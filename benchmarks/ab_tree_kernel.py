@@ -25,13 +25,18 @@ import statistics
 import sys
 import time
 
-from _inprocess import add_common_args, timed_generate  # the scripts run from benchmarks/, which is on sys.path
+from _inprocess import (  # the scripts run from benchmarks/, which is on sys.path
+    add_common_args,
+    add_sampling_args,
+    timed_generate,
+)
 from _inprocess import engine as in_process_engine
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, dtype="bfloat16", dataset="sharegpt", num_prompts=20, max_tokens=128)
+    add_sampling_args(p)
     p.add_argument("--concurrency", type=int, default=1)
     return p.parse_args(argv)
 

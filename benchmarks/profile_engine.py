@@ -34,7 +34,12 @@ import pstats
 import sys
 import time
 
-from _inprocess import LOOKAHEAD, add_common_args, timed_generate  # the scripts run from benchmarks/, on sys.path
+from _inprocess import (  # the scripts run from benchmarks/, on sys.path
+    LOOKAHEAD,
+    add_common_args,
+    add_sampling_args,
+    timed_generate,
+)
 from _inprocess import engine as in_process_engine
 
 # What `--wall` times: (module, owner class or "" for a module function, function), callers before their callees.
@@ -45,6 +50,7 @@ WALL_TARGETS: tuple[tuple[str, str, str], ...] = (
     ("vllm_lookahead.engine", "LookaheadEngine", "_verify"),
     ("vllm_lookahead.engine", "LookaheadEngine", "_path_top"),
     ("vllm_lookahead.engine", "", "plan_step"),
+    ("vllm_lookahead.engine", "", "_draw_at"),  # a sampled request's draw at a tree node (--temperature)
     ("vllm_lookahead.state", "LookaheadState", "build_tree"),
     ("vllm_lookahead.state", "", "build_step_tree"),
     ("vllm_lookahead.state", "LookaheadState", "catch_up"),
@@ -132,6 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
     add_common_args(p, dtype="bfloat16", dataset="humaneval", num_prompts=48, max_tokens=96)
+    add_sampling_args(p)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--top", type=int, default=25, help="rows of each table")
     p.add_argument("--wall", action="store_true", help="time the plugin's functions by the clock, not cProfile")

@@ -1,0 +1,141 @@
+"""A sampled request's draw at a tree node: the nucleus found without sorting the whole row is the one vLLM's
+top-k / top-p masking keeps, an unseeded draw samples it in the right proportions, and a seeded draw keeps vLLM's
+own path (its generator then gives plain decoding's tokens)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vllm_lookahead import target_dist
+from vllm_lookahead.target_dist import NUCLEUS_SEARCH, draw, nucleus
+
+VOCAB = 49152  # the default model's
+
+
+def _vllm_kept(row: torch.Tensor, k: int | None, p: float) -> set[int]:
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    masked = apply_top_k_top_p(row.clone().unsqueeze(0), None if k is None else torch.tensor([k]), torch.tensor([p]))
+    return set(torch.nonzero(torch.isfinite(masked[0])).flatten().tolist())
+
+
+def _rows() -> list[torch.Tensor]:
+    """Peaked and flat rows, one with a few dominant tokens, one with ties at the top-k edge, one with -inf (min-p)."""
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(VOCAB, generator=g) * s for s in (2.0, 4.0, 6.0, 8.0, 12.0)]
+    lead = torch.randn(VOCAB, generator=g)
+    lead[[3, 70, 900, 4000]] += torch.tensor([9.0, 8.5, 8.0, 7.0])
+    rows.append(lead)
+    ties = torch.randn(VOCAB, generator=g) * 4
+    top = ties.topk(5).values
+    ties[ties.topk(40).indices[5:40]] = top[4]  # 36 tokens tie with the 5th largest
+    rows.append(ties)
+    masked = torch.randn(VOCAB, generator=g) * 6
+    masked[masked < 0] = -float("inf")
+    rows.append(masked)
+    return rows
+
+
+@pytest.mark.parametrize("k", [None, 5, 50, VOCAB])
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_nucleus_keeps_what_vllms_top_k_top_p_keeps(k, p):
+    looked = 0
+    for row in _rows():
+        found = nucleus(row, k, p)
+        want = _vllm_kept(row, k, p)
+        if found is None:  # only where the nucleus is wider than the search, or the cut splits tied tokens
+            cut = min(row[list(want)])
+            split = bool((row == cut).sum() > sum(1 for t in want if row[t] == cut))
+            assert split or (k in (None, VOCAB) and len(want) > NUCLEUS_SEARCH[-1])
+            continue
+        idx, vals = found
+        looked += 1
+        assert set(idx.tolist()) == want
+        assert torch.equal(vals, row[idx])
+        assert bool((vals[:-1] >= vals[1:]).all())  # best first
+    assert looked >= 4
+
+
+def test_nucleus_keeps_every_token_tied_with_the_kth():
+    row = _rows()[6]
+    idx, _ = nucleus(row, 5, 0.999)
+    assert len(idx) == 40 and set(idx.tolist()) == _vllm_kept(row, 5, 0.999)
+
+
+def test_nucleus_leaves_a_cut_through_tied_tokens_to_vllm():
+    """Which of several tied tokens vLLM's top-p keeps depends on how its sort orders ties: no set by value is it."""
+    row = _rows()[6]  # 36 tokens tie with the 5th largest
+    want = _vllm_kept(row, None, 0.5)
+    tied = set(torch.nonzero(row == row.topk(5).values[4]).flatten().tolist())
+    assert 0 < len(tied & want) < len(tied)  # vLLM's cut splits them
+    assert nucleus(row, None, 0.5) is None
+
+
+def test_nucleus_falls_back_only_past_its_search():
+    flat = torch.zeros(VOCAB)  # every token equally likely: the nucleus holds 90% of the vocabulary
+    assert nucleus(flat, None, 0.9) is None
+    small = torch.randn(300, generator=torch.Generator().manual_seed(1))  # the whole row fits the search
+    idx, _ = nucleus(small, None, 0.9)
+    assert set(idx.tolist()) == _vllm_kept(small, None, 0.9)
+
+
+def _metadata(row_count: int, temperature: float, top_p: float | None, top_k: int | None, generators: dict):
+    return SimpleNamespace(
+        temperature=torch.full((row_count,), temperature),
+        top_p=None if top_p is None else torch.full((row_count,), top_p),
+        top_k=None if top_k is None else torch.full((row_count,), top_k, dtype=torch.int32),
+        generators=generators,
+        logitsprocs=SimpleNamespace(argmax_invariant=[]),
+    )
+
+
+def _sampler():
+    from vllm.v1.sample.sampler import Sampler
+
+    return Sampler()
+
+
+def test_unseeded_draw_samples_the_nucleus_in_its_proportions():
+    from scipy.stats import chisquare
+
+    row = torch.full((VOCAB,), -30.0)
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.0, 0.0])
+    row[[11, 222, 3333, 44, 5]] = logits
+    md = _metadata(1, 1.0, 0.9, None, {})
+    idx, vals = nucleus(row, None, 0.9)
+    want = torch.softmax(vals.double(), 0)  # renormalised over the nucleus, as vLLM samples after masking
+    counts = dict.fromkeys(idx.tolist(), 0)
+    torch.manual_seed(0)
+    n = 4000
+    sampler = _sampler()
+    for _ in range(n):
+        tok = draw(sampler, row, md, 0)
+        assert tok in counts  # never outside the nucleus
+        counts[tok] += 1
+    observed = [counts[t] for t in idx.tolist()]
+    assert chisquare(observed, (want * n).tolist()).pvalue > 1e-3
+    assert len(idx) < 5  # the last tokens fall outside top-p 0.9
+
+
+def test_seeded_draw_takes_vllms_path(monkeypatch):
+    """A seeded request never uses the nucleus search: its draw is vLLM's, one value from its generator."""
+
+    def refuse(*_a, **_k):
+        raise AssertionError("nucleus used for a seeded request")
+
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 4
+    sampler = _sampler()
+    draws = []
+    for _ in range(2):
+        gen = torch.Generator().manual_seed(7)
+        md = _metadata(1, 0.7, 0.9, None, {0: gen})
+        monkeypatch.setattr(target_dist, "nucleus", refuse)
+        draws.append(draw(sampler, row, md, 0))
+    assert draws[0] == draws[1]  # the generator decides it
+    called = []
+    monkeypatch.setattr(target_dist, "nucleus", lambda *a: called.append(a) or None)
+    draw(sampler, row, _metadata(1, 0.7, 0.9, None, {}), 0)
+    assert called  # an unseeded one with top-p looks for the nucleus (None: it falls back to vLLM's path)
