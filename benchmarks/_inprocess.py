@@ -25,7 +25,13 @@ def add_common_args(p: argparse.ArgumentParser, dtype: str, dataset: str, num_pr
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     """--temperature and --top-p, for the scripts whose measured batch is `timed_generate`'s."""
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above it, sampled (unseeded)")
-    p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests")
+    p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests (with --temperature > 0)")
+
+
+def sampling_label(args: argparse.Namespace) -> str:
+    """How the measured requests decode, for a result's header: greedy, or the temperature and top-p."""
+    t = getattr(args, "temperature", 0.0)
+    return "greedy" if t <= 0 else f"temperature {t:g}, top-p {getattr(args, 'top_p', 1.0):g}"
 
 
 def sampling_params(args: argparse.Namespace) -> Any:

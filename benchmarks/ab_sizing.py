@@ -5,19 +5,19 @@ draft token cost `--scale` times what the fitted step cost says.
 
 Whether the sizing takes too few or too many nodes cannot be read from two whole runs on this machine: one code's
 runs move by up to 20% between rounds (`bench_methods.py --methods lookahead,lookahead-twin`). Here one in-process
-engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy, batch `--concurrency`) generates `--num-prompts` prompts of
-the set after a warm-up on other prompts of it, and the drafting after every other step prices a draft token at
-`--scale` times the fit's (`sizing.plan_step`, `sizing.choose_sizes` and `sizing.score_floor` get a frozen copy of the
-fit with both token prices scaled; the fit itself learns from every step). Each decoding step is timed as the
-engine's step-cost fit times it (`sizing.StepTimer`: from its start to the start of the next step, an idle gap left
-out), its own drafting (which builds the next step's trees, under the other bar) swapped for the drafting that built
-its trees (`charged`), and credited to the bar its trees were sized under, with the tokens it made (its requests plus
-the drafts they accepted). Both halves see the same minutes of the machine and the same requests, so the tokens/s
-of the two bars compare within a few percent. Prints per bar: steps, draft tokens and tokens a request-step,
-tokens/s over its own steps, and the scaled bar's tokens/s over the fit's; then the carried draft nodes' accepted
-count against their summed scores (how far the scores of the nodes the sizing picks overstate them: the worker's
-`carried_score`). The script wraps the engine from outside: the plugin carries no code for it. Greedy outputs stay
-exact under either bar.
+engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy unless `--temperature`, batch `--concurrency`) generates
+`--num-prompts` prompts of the set after a warm-up on other prompts of it, and the drafting after every other step
+prices a draft token at `--scale` times the fit's (`sizing.plan_step`, `sizing.choose_sizes` and
+`sizing.score_floor` get a frozen copy of the fit with both token prices scaled; the fit itself learns from every
+step). Each decoding step is timed as the engine's step-cost fit times it (`sizing.StepTimer`: from its start to the
+start of the next step, an idle gap left out), its own drafting (which builds the next step's trees, under the other
+bar) swapped for the drafting that built its trees (`charged`), and credited to the bar its trees were sized under,
+with the tokens it made (its requests plus the drafts they accepted). Both halves see the same minutes of the
+machine and the same requests, so the tokens/s of the two bars compare within a few percent. Prints per bar: steps,
+draft tokens and tokens a request-step, tokens/s over its own steps, and the scaled bar's tokens/s over the fit's;
+then the carried draft nodes' accepted count against their summed scores (how far the scores of the nodes the sizing
+picks overstate them: the worker's `carried_score`). The script wraps the engine from outside: the plugin carries no
+code for it. Greedy outputs stay exact under either bar.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from _inprocess import (  # the scripts run from benchmarks/, which is on sys.path
     add_common_args,
     add_sampling_args,
+    sampling_label,
     timed_generate,
 )
 from _inprocess import engine as in_process_engine
@@ -189,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     llm = in_process_engine(args, args.concurrency)
     _, seconds, tokens = timed_generate(llm, args, args.concurrency, lambda: timing.update(on=True))
 
-    print(f"\n{args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} tokens in {seconds:.1f} s "
+    print(f"\n{args.dataset}, {args.dtype}, {sampling_label(args)}, concurrency {args.concurrency}: {tokens} tokens "
+          f"in {seconds:.1f} s "
           f"({tokens / seconds:.1f} tokens/s), every other step's trees sized at {args.scale}x the fitted price "
           "of a draft token\n")  # fmt: skip
     print("| bar | decoding steps | draft tokens a request-step | tokens a request-step | tokens/s over its steps |")

@@ -5,16 +5,17 @@ kernel and on the plain-torch path.
 
 Comparing two whole runs (`bench_methods.py --methods lookahead-reference,lookahead`) cannot resolve a gain of a few
 percent on this machine: the same run repeated moves by 10%. Here one in-process engine
-(VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy, batch `--concurrency`) generates `--num-prompts` prompts of the
-set after a warm-up on other prompts of it, and every other step whose trees branch (those that take the tree path
-at all; chains run vLLM's kernel either way) runs its tree rows on the plain-torch path instead of the kernel. Each
-step is timed as the engine's step-cost fit times it (from the forward to the end of the next drafting), so both
-halves see the same minutes of the machine, the same workload and the same tree sizes. Prints, per path: branched
-steps, their mean draft tokens and mean milliseconds (with a standard error); the time of the steps that did not
-branch; and the tokens/s gain the kernel gives the whole run, T_plain-torch / T_kernel - 1, where each total is the
-unbranched steps plus every branched step at that path's mean; against it, the share of a plain-torch run spent in
-the second computation of the tree rows (`tree_attention.attend_layer`, timed in the plain-torch steps). The script
-wraps the engine's hooks from outside for the timing and the choice of path: the plugin carries no code for it.
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy unless `--temperature`, batch `--concurrency`) generates
+`--num-prompts` prompts of the set after a warm-up on other prompts of it, and every other step whose trees branch
+(those that take the tree path at all; chains run vLLM's kernel either way) runs its tree rows on the plain-torch
+path instead of the kernel. Each step is timed as the engine's step-cost fit times it (from the forward to the end
+of the next drafting), so both halves see the same minutes of the machine, the same workload and the same tree
+sizes. Prints, per path: branched steps, their mean draft tokens and mean milliseconds (with a standard error); the
+time of the steps that did not branch; and the tokens/s gain the kernel gives the whole run, T_plain-torch /
+T_kernel - 1, where each total is the unbranched steps plus every branched step at that path's mean; against it, the
+share of a plain-torch run spent in the second computation of the tree rows (`tree_attention.attend_layer`, timed in
+the plain-torch steps). The script wraps the engine's hooks from outside for the timing and the choice of path: the
+plugin carries no code for it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from _inprocess import (  # the scripts run from benchmarks/, which is on sys.path
     add_common_args,
     add_sampling_args,
+    sampling_label,
     timed_generate,
 )
 from _inprocess import engine as in_process_engine
@@ -114,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
     by = {k: [s for p, _, s in steps if p == k] for k in ("kernel", "plain-torch", "chain")}
     drafts = {k: [d for p, d, _ in steps if p == k] for k in ("kernel", "plain-torch")}
-    print(f"\n{args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} tokens, {len(steps)} steps "
+    print(f"\n{args.dataset}, {args.dtype}, {sampling_label(args)}, concurrency {args.concurrency}: {tokens} tokens, "
+          f"{len(steps)} steps "
           f"in {seconds:.1f} s ({tokens / seconds:.1f} tokens/s; half the branched steps on the plain-torch "
           "path)\n")  # fmt: skip
     print("| steps | count | mean draft tokens | mean ms (± s.e.) |")

@@ -4,12 +4,13 @@
     python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --method none ...   # plain
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with max_num_seqs = --concurrency, eager, on
-HumanEval or (`--dataset sharegpt`) chat-templated ShareGPT prompts, as bench_methods feeds them (greedy). After a
-warm-up batch on other prompts of the set, `--num-prompts` prompts are generated under cProfile. Prints the tokens/s
-(cProfile slows Python-heavy code more than the forward's kernels: compare methods within one profile's rows, not
-against bench_methods' figures), lookahead's worker counters (`lookahead_stats`: drafted and accepted nodes per
-source, steps that ran the tree kernel, the step-cost fit), then the plugin's functions by cumulative time and the
-calls they spend the most time in (`--top`). The plugin carries no profiling code.
+HumanEval or (`--dataset sharegpt`) chat-templated ShareGPT prompts, as bench_methods feeds them (greedy unless
+--temperature). After a warm-up batch on other prompts of the set, `--num-prompts` prompts are generated under
+cProfile. Prints the tokens/s (cProfile slows Python-heavy code more than the forward's kernels: compare methods
+within one profile's rows, not against bench_methods' figures), lookahead's worker counters (`lookahead_stats`:
+drafted and accepted nodes per source, steps that ran the tree kernel, the step-cost fit), then the plugin's
+functions by cumulative time and the calls they spend the most time in (`--top`). The plugin carries no profiling
+code.
 
 `--wall` times the plugin's per-step functions (`WALL_TARGETS`) by the clock instead, without cProfile: each is
 wrapped for the profiled batch only, and the table gives its milliseconds per engine step (a step: one `propose`
@@ -38,6 +39,7 @@ from _inprocess import (  # the scripts run from benchmarks/, on sys.path
     LOOKAHEAD,
     add_common_args,
     add_sampling_args,
+    sampling_label,
     timed_generate,
 )
 from _inprocess import engine as in_process_engine
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         timer.restore()
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
     under = "timed by the clock" if args.wall else "under cProfile"
-    print(f"\n{what}, {args.dataset}, {args.dtype}, concurrency {args.concurrency}: {tokens} "
+    print(f"\n{what}, {args.dataset}, {args.dtype}, {sampling_label(args)}, concurrency {args.concurrency}: {tokens} "
           f"tokens in {seconds:.2f} s {under} = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
     if args.method == "lookahead":
         stats = llm.collective_rpc("lookahead_stats")[0]

@@ -47,6 +47,29 @@ def test_the_warm_up_uses_other_prompts_and_the_clock_starts_after_it(concurrenc
     assert len(outs) == 3 and tokens == 9 and seconds >= 0
 
 
+def test_the_sampling_flags_reach_the_measured_requests():
+    """--temperature / --top-p (`add_sampling_args`) set the measured requests' sampling and the result's label;
+    a script without them stays greedy."""
+    from _inprocess import add_common_args, add_sampling_args, sampling_label, sampling_params
+
+    p = argparse.ArgumentParser()
+    add_common_args(p, dtype="float32", dataset="humaneval", num_prompts=2, max_tokens=5)
+    add_sampling_args(p)
+    args = p.parse_args(["--temperature", "0.7", "--top-p", "0.9"])
+    events: list = []
+    timed_generate(_Recorder(events), args, 2, lambda: None)
+    assert [e[2:] for e in events if e != "start"] == [(5, 0.7), (5, 0.7)]
+    assert sampling_label(args) == "temperature 0.7, top-p 0.9"
+    assert abs(sampling_params(args).top_p - 0.9) < 1e-6
+    assert sampling_label(p.parse_args([])) == "greedy"
+    plain = argparse.ArgumentParser()
+    add_common_args(plain, dtype="float32", dataset="humaneval", num_prompts=2, max_tokens=5)
+    greedy = plain.parse_args([])
+    events.clear()
+    timed_generate(_Recorder(events), greedy, 2, lambda: None)
+    assert all(e[3] == 0.0 for e in events if e != "start") and sampling_label(greedy) == "greedy"
+
+
 def test_ab_sizing_runs_both_bars_on_the_engine():
     """The script's patches reach the engine: both arms are credited decoding steps, and the table says so."""
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}

@@ -39,7 +39,7 @@ def _rows() -> list[torch.Tensor]:
     return rows
 
 
-@pytest.mark.parametrize("k", [None, 5, 50, VOCAB])
+@pytest.mark.parametrize("k", [None, 5, 50, 100, 2000, VOCAB])
 @pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
 def test_nucleus_keeps_what_vllms_top_k_top_p_keeps(k, p):
     looked = 0
@@ -57,6 +57,21 @@ def test_nucleus_keeps_what_vllms_top_k_top_p_keeps(k, p):
         assert torch.equal(vals, row[idx])
         assert bool((vals[:-1] >= vals[1:]).all())  # best first
     assert looked >= 4
+
+
+def test_nucleus_top_k_past_the_finite_logits_masks_nothing():
+    """With fewer finite logits than k (min-p masked the rest), vLLM's top-k keeps every token, as without top-k."""
+    row = _rows()[-1]  # about half the row is -inf
+    assert int(torch.isfinite(row).sum()) < 30000
+    for p in (0.5, 0.9):
+        idx, _ = nucleus(row, 30000, p)
+        assert set(idx.tolist()) == _vllm_kept(row, 30000, p) == set(nucleus(row, None, p)[0].tolist())
+
+
+def test_nucleus_gives_way_on_nan():
+    row = _rows()[2].clone()
+    row[17] = float("nan")
+    assert nucleus(row, None, 0.9) is None and nucleus(row, 50, 0.9) is None
 
 
 def test_nucleus_keeps_every_token_tied_with_the_kth():
@@ -120,21 +135,34 @@ def test_unseeded_draw_samples_the_nucleus_in_its_proportions():
     assert len(idx) < 5  # the last tokens fall outside top-p 0.9
 
 
+def test_unseeded_draw_with_top_k_stays_in_the_top_k_nucleus():
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(3)) * 6
+    md = _metadata(1, 0.7, 0.95, 3, {})
+    idx, _ = nucleus(row / 0.7, 3, 0.95)
+    assert 1 < len(idx) <= 3
+    sampler = _sampler()
+    torch.manual_seed(1)
+    seen = {draw(sampler, row, md, 0) for _ in range(300)}
+    assert seen == set(idx.tolist())
+
+
 def test_seeded_draw_takes_vllms_path(monkeypatch):
-    """A seeded request never uses the nucleus search: its draw is vLLM's, one value from its generator."""
+    """A seeded request never uses the nucleus search: its draw is vLLM's sampler's, from its generator."""
 
     def refuse(*_a, **_k):
         raise AssertionError("nucleus used for a seeded request")
 
-    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(2)) * 4
+    monkeypatch.setattr(target_dist, "nucleus", refuse)
     sampler = _sampler()
-    draws = []
-    for _ in range(2):
-        gen = torch.Generator().manual_seed(7)
-        md = _metadata(1, 0.7, 0.9, None, {0: gen})
-        monkeypatch.setattr(target_dist, "nucleus", refuse)
-        draws.append(draw(sampler, row, md, 0))
-    assert draws[0] == draws[1]  # the generator decides it
+    gen = torch.Generator().manual_seed(0)
+    for seed in range(20):
+        row = torch.randn(VOCAB, generator=gen) * 4
+        mine = draw(sampler, row, _metadata(1, 0.7, 0.9, None, {0: torch.Generator().manual_seed(seed)}), 0)
+        logits = (row / 0.7).unsqueeze(0)
+        theirs, _ = sampler.topk_topp_sampler(
+            logits, {0: torch.Generator().manual_seed(seed)}, None, torch.tensor([0.9])
+        )
+        assert mine == int(theirs[0])
     called = []
     monkeypatch.setattr(target_dist, "nucleus", lambda *a: called.append(a) or None)
     draw(sampler, row, _metadata(1, 0.7, 0.9, None, {}), 0)

@@ -5,7 +5,10 @@ argmax-invariant logits processors (min-p, built in), then `TopKTopPSampler`: to
 (on CPU: one seed from the request's generator, or the global one, then a Gumbel-max over the logits). `draw` runs
 those steps on one tree node's row, with the request's values read from vLLM's own `SamplingMetadata` (and its
 min-p processor) and vLLM's own `TopKTopPSampler`, so a seeded request consumes its generator exactly as plain
-decoding does: one draw per generated token. Requests whose distribution needs anything else (penalties, logit bias,
+decoding does: one draw per generated token. An unseeded request with top-p skips the sort of the whole row that
+vLLM's top-p makes (`nucleus`) and draws from the same tokens in the same proportions. (The masking compared with is
+vLLM's pytorch one, which it runs on CPU: its Triton kernel needs a Triton with a CPU backend, which vLLM's CPU
+build does not have.) Requests whose distribution needs anything else (penalties, logit bias,
 bad words, allowed tokens, logprobs in a processed logprobs_mode) are not drafted for (eligibility.py).
 """
 
@@ -62,23 +65,28 @@ def nucleus(row: torch.Tensor, k: int | None, p: float) -> tuple[torch.Tensor, t
     if k is not None and k >= vocab:
         k = None
     for search in NUCLEUS_SEARCH:
-        n = min(vocab, max(search, k or 0))
+        # k + 1: the token after the k-th tells whether ties with the k-th reach past the tokens looked at
+        n = min(vocab, max(search, 0 if k is None else k + 1))
         vals, idx = row.topk(n)
-        if k is not None:
-            threshold = vals[k - 1]
+        threshold = None if k is None else vals[k - 1]
+        if threshold is not None and threshold > -float("inf"):  # -inf: fewer finite logits than k, top-k masks none
             if n < vocab and vals[-1] >= threshold:
-                continue  # ties with the k-th largest may lie past the n looked at
-            kept = int((vals >= threshold).sum())
-            vals, idx = vals[:kept], idx[:kept]
+                continue
+            in_top_k = int((vals >= threshold).sum())
+            vals, idx = vals[:in_top_k], idx[:in_top_k]
             log_total = torch.logsumexp(vals, 0)  # top-p renormalises over the top-k tokens
+            whole = True
         else:
             log_total = torch.logsumexp(row, 0)
+            whole = n == vocab
         shares = (vals - log_total).exp()
         above = torch.cumsum(shares, 0) - shares  # the share of the tokens ranked above each
         kept = int((above < p).sum())
+        if kept == 0:
+            return None  # NaN logits: vLLM's path decides what they give
         if kept < len(vals) and vals[kept] == vals[kept - 1]:
             return None  # the cut splits tied tokens: which of them vLLM keeps depends on its sort's order of ties
-        if kept < len(vals) or k is not None or n == vocab:
+        if kept < len(vals) or whole:
             return idx[:kept], vals[:kept]
     return None
 
