@@ -80,6 +80,35 @@ def test_nucleus_keeps_every_token_tied_with_the_kth():
     assert len(idx) == 40 and set(idx.tolist()) == _vllm_kept(row, 5, 0.999)
 
 
+@pytest.mark.parametrize("k", [5, 1500])
+def test_nucleus_follows_ties_with_the_kth_past_its_first_search(k):
+    """Ties with the k-th largest that reach past the tokens first looked at: vLLM keeps them all, so the search
+    widens (k 5: 64 then 1024 tokens) or gives way (k 1500: no wider search)."""
+    row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(4)) * 4
+    order = row.topk(k + 200).indices
+    row[order[k - 1 : k + 199]] = float(row[order[k - 1]])  # 200 tokens tie with the k-th
+    found = nucleus(row, k, 0.999)
+    if k == 5:
+        idx, _ = found
+        assert len(idx) == k + 199 and set(idx.tolist()) == _vllm_kept(row, k, 0.999)
+    else:
+        assert found is None
+
+
+def test_nucleus_returns_a_whole_small_row():
+    row = torch.tensor([3.0, 1.0, 0.5, 0.25, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0])
+    idx, _ = nucleus(row, None, 0.9999)
+    assert set(idx.tolist()) == _vllm_kept(row, None, 0.9999) and len(idx) >= 9
+
+
+def test_nucleus_widens_its_search_for_a_wide_nucleus():
+    row = _rows()[1]  # x4: a nucleus of a few hundred tokens at top-p 0.9
+    want = _vllm_kept(row, None, 0.9)
+    assert NUCLEUS_SEARCH[0] < len(want) < NUCLEUS_SEARCH[-1]
+    idx, _ = nucleus(row, None, 0.9)
+    assert set(idx.tolist()) == want
+
+
 def test_nucleus_leaves_a_cut_through_tied_tokens_to_vllm():
     """Which of several tied tokens vLLM's top-p keeps depends on how its sort orders ties: no set by value is it."""
     row = _rows()[6]  # 36 tokens tie with the 5th largest
@@ -135,15 +164,24 @@ def test_unseeded_draw_samples_the_nucleus_in_its_proportions():
     assert len(idx) < 5  # the last tokens fall outside top-p 0.9
 
 
-def test_unseeded_draw_with_top_k_stays_in_the_top_k_nucleus():
+def test_unseeded_draw_with_top_k_stays_in_the_top_k_nucleus(monkeypatch):
     row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(3)) * 6
     md = _metadata(1, 0.7, 0.95, 3, {})
-    idx, _ = nucleus(row / 0.7, 3, 0.95)
+    idx, _ = nucleus(target_dist.processed_logits(row, md, 0)[0], 3, 0.95)
     assert 1 < len(idx) <= 3
+    found = []
+
+    def spy(*a):
+        out = nucleus(*a)
+        found.append(out)
+        return out
+
+    monkeypatch.setattr(target_dist, "nucleus", spy)
     sampler = _sampler()
     torch.manual_seed(1)
     seen = {draw(sampler, row, md, 0) for _ in range(300)}
     assert seen == set(idx.tolist())
+    assert len(found) == 300 and all(f is not None for f in found)  # the nucleus path drew them, not vLLM's
 
 
 def test_seeded_draw_takes_vllms_path(monkeypatch):
@@ -158,7 +196,7 @@ def test_seeded_draw_takes_vllms_path(monkeypatch):
     for seed in range(20):
         row = torch.randn(VOCAB, generator=gen) * 4
         mine = draw(sampler, row, _metadata(1, 0.7, 0.9, None, {0: torch.Generator().manual_seed(seed)}), 0)
-        logits = (row / 0.7).unsqueeze(0)
+        logits = target_dist.processed_logits(row, _metadata(1, 0.7, 0.9, None, {}), 0)
         theirs, _ = sampler.topk_topp_sampler(
             logits, {0: torch.Generator().manual_seed(seed)}, None, torch.tensor([0.9])
         )

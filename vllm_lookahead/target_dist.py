@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from vllm.v1.sample.sampler import Sampler
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below it a request is greedy
-# How many of a row's largest tokens `nucleus` looks among for a top-p nucleus, then how many more before it falls
-# back to vLLM's sort of the whole row: a chat model's nucleus at top-p 0.9 mostly holds a few tokens.
+# How many of a row's largest tokens `nucleus` looks among for a top-p nucleus, first and then at most, before it
+# falls back to vLLM's sort of the whole row: a chat model's nucleus at top-p 0.9 mostly holds a few tokens.
 NUCLEUS_SEARCH = (64, 1024)
 
 
@@ -56,7 +56,7 @@ def nucleus(row: torch.Tensor, k: int | None, p: float) -> tuple[torch.Tensor, t
     """The tokens vLLM's top-k / top-p masking keeps (`apply_top_k_top_p`) in a [vocab] float32 row, best first, and
     their logits; found among the row's largest NUCLEUS_SEARCH tokens instead of by sorting the whole row (a
     49,152-token sort is 4.3 ms of a 5 ms draw on this project's 2-core CPU); None where the nucleus may not lie
-    among them, or where the cut falls between tied tokens. k: top-k (None or >= vocab: none); 0 < p < 1.
+    among them, or where the cut falls between tied tokens. k >= 1: top-k (None or >= vocab: none); 0 < p < 1.
 
     As vLLM keeps them: top-k keeps every token at least as large as the k-th largest; top-p then drops a token
     where it and every token below it hold at most 1 - p of that distribution, that is where the tokens above it
@@ -64,9 +64,14 @@ def nucleus(row: torch.Tensor, k: int | None, p: float) -> tuple[torch.Tensor, t
     vocab = row.numel()
     if k is not None and k >= vocab:
         k = None
+    assert k is None or k >= 1, k
+    looked = 0
     for search in NUCLEUS_SEARCH:
         # k + 1: the token after the k-th tells whether ties with the k-th reach past the tokens looked at
         n = min(vocab, max(search, 0 if k is None else k + 1))
+        if n <= looked:
+            break  # no wider than the last search
+        looked = n
         vals, idx = row.topk(n)
         threshold = None if k is None else vals[k - 1]
         if threshold is not None and threshold > -float("inf"):  # -inf: fewer finite logits than k, top-k masks none
@@ -83,7 +88,7 @@ def nucleus(row: torch.Tensor, k: int | None, p: float) -> tuple[torch.Tensor, t
         above = torch.cumsum(shares, 0) - shares  # the share of the tokens ranked above each
         kept = int((above < p).sum())
         if kept == 0:
-            return None  # NaN logits: vLLM's path decides what they give
+            return None  # NaN logits (or none finite): vLLM's path decides what they give
         if kept < len(vals) and vals[kept] == vals[kept - 1]:
             return None  # the cut splits tied tokens: which of them vLLM keeps depends on its sort's order of ties
         if kept < len(vals) or whole:
