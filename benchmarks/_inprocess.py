@@ -52,7 +52,7 @@ def engine(args: argparse.Namespace, max_num_seqs: int, speculative_config: dict
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     kw: dict[str, Any] = dict(
         model=default_model_path(),
@@ -71,7 +71,7 @@ def engine(args: argparse.Namespace, max_num_seqs: int, speculative_config: dict
 
 def prompts(llm: Any, dataset: str, n: int) -> list[str]:
     """The first n prompts of a set: HumanEval as is, ShareGPT through the model's chat template."""
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if dataset == "humaneval":
         return humaneval_prompts(n)

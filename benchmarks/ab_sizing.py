@@ -1,7 +1,7 @@
 """The tree sizing's bar against a scaled one, step by step: one engine whose every other step sizes its trees as if a
 draft token cost `--scale` times what the fitted step cost says.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/ab_sizing.py --concurrency 16 --scale 0.5
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/ab_sizing.py --concurrency 16 --scale 0.5
 
 Whether the sizing takes too few or too many nodes cannot be read from two whole runs on this machine: one code's
 runs move by up to 20% between rounds (`bench_methods.py --methods lookahead,lookahead-twin`). Here one in-process
@@ -102,7 +102,7 @@ class Alternation:
 
 def scaled(cost, factor: float):  # noqa: ANN001, ANN201
     """A frozen copy of a StepCost's current fit with both prices of a draft token times factor."""
-    from vllm_lookahead.sizing import StepCost
+    from vllm_lookahead.core.sizing import StepCost
 
     m = cost.coefficients()
     return StepCost.frozen(m._replace(per_draft=m.per_draft * factor, per_draft_below=m.per_draft_below * factor))
@@ -118,8 +118,8 @@ def charged(measured: float, own_drafting: float, built_by: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vllm_lookahead import engine
-    from vllm_lookahead.sizing import StepTimer
+    from vllm_lookahead.core.sizing import StepTimer
+    from vllm_lookahead.glue import engine
 
     ab = Alternation(args.scale)
     timing = {"on": False}

@@ -1,7 +1,7 @@
 """The compiled tree kernel's gain on a real workload, step by step: one engine, its branched steps alternately on the
 kernel and on the plain-torch path.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/ab_tree_kernel.py --dataset sharegpt --dtype bfloat16
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/ab_tree_kernel.py --dataset sharegpt --dtype bfloat16
 
 Comparing two whole runs (`bench_methods.py --methods lookahead-reference,lookahead`) cannot resolve a gain of a few
 percent on this machine: the same run repeated moves by 10%. Here one in-process engine
@@ -53,7 +53,10 @@ def summary(times: list[float]) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from vllm_lookahead import attention_path, engine, tree_attention, tree_attention_plan
+    from vllm_lookahead.backends.cpu import attention as attention_path
+    from vllm_lookahead.backends.cpu import plan as tree_attention_plan
+    from vllm_lookahead.backends.cpu import reference as tree_attention
+    from vllm_lookahead.glue import engine
 
     branched = [0]  # branched steps seen: odd ones take the plain-torch path
     build = tree_attention_plan.TreeAttentionPlan.build.__func__

@@ -53,8 +53,8 @@ def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
     stats = r.get("lookahead_stats")
     if not stats or "step_cost_knee" not in stats:
         return None
-    from vllm_lookahead.engine import COST_KEYS
-    from vllm_lookahead.sizing import StepCost, score_floor
+    from vllm_lookahead.core.sizing import StepCost, score_floor
+    from vllm_lookahead.glue.engine import COST_KEYS
 
     cost = StepCost.frozen([stats[k] for k in COST_KEYS])
     m = cost.coefficients()

@@ -23,7 +23,7 @@ engine steps are timed from outside by `bench_step.StepTimer` (the plugin carrie
   512, 1k, .. and plotted.
 
 Prints markdown tables, saves a PNG (four panels) and appends every row to a JSONL file, both under `--out`. Runs
-under the project's CPU runtime (vllm_lookahead.cpu_runtime) like the other benchmarks.
+under the project's CPU runtime (vllm_lookahead.tools.cpu_runtime) like the other benchmarks.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 from bench_step import StepTimer
 
-from vllm_lookahead import cpu_runtime
+from vllm_lookahead.tools import cpu_runtime
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def long_text_ids(tok: Any, name: str, need: int) -> list[int]:
     """One long text of the set's prompts, at least `need` tokens."""
-    from vllm_lookahead.prompts import humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.prompts import humaneval_prompts, sharegpt_prompts
 
     texts = humaneval_prompts() if name == "humaneval" else sharegpt_prompts(2000)
     ids = tok("\n\n".join(texts))["input_ids"]
@@ -145,7 +145,7 @@ def context_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace, dtype: s
 def generation_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
-    from vllm_lookahead.engine import LookaheadEngine
+    from vllm_lookahead.glue.engine import LookaheadEngine
 
     samples: list[dict[str, Any]] = []
     propose = LookaheadEngine.propose
@@ -196,7 +196,7 @@ def worker(args: argparse.Namespace) -> int:
     timer.install()
     from vllm import LLM
 
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     llm = LLM(
         model=default_model_path(),

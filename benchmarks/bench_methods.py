@@ -27,7 +27,7 @@ from typing import Any
 
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
-from vllm_lookahead import cpu_runtime
+from vllm_lookahead.tools import cpu_runtime
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -120,7 +120,7 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
         "--runtime",
         default="project",
         choices=["project", "vllm"],
-        help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime: TCMalloc + Intel OpenMP "
+        help="project: the CPU runtime `make` sets up (vllm_lookahead.tools.cpu_runtime: TCMalloc + Intel OpenMP "
         "preloaded, all cores on a small machine); vllm: vLLM's defaults as they are",
     )
     p.add_argument(
@@ -175,7 +175,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] 
 
 def corpus_file(n: int) -> Path:
     """A JSON Lines suffix corpus of n ShareGPT answers apart from the benchmark prompts, written on first use."""
-    from vllm_lookahead.prompts import sharegpt_answers
+    from vllm_lookahead.tools.prompts import sharegpt_answers
 
     path = Path.home() / ".cache" / "vllm-lookahead" / f"corpus_sharegpt_answers_{n}.jsonl"
     if not path.exists():
@@ -189,7 +189,7 @@ def corpus_file(n: int) -> Path:
 def model_path(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     return default_model_path()
 
@@ -198,7 +198,7 @@ def model_path(args: argparse.Namespace) -> str:
 
 
 def load_prompts(dataset: str, n: int, tokenizer: Any) -> list[str]:
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if dataset == "humaneval":
         return humaneval_prompts(n)  # raw code completion

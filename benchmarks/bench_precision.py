@@ -9,7 +9,7 @@ float32 and bfloat16. Float32 plain decoding is the reference; it also returns i
 so that each divergence can be placed against the reference's margin between its best and second-best token there
 (a near-tie flips on the smallest change of arithmetic). Prints a table and saves a PNG (where outputs first
 diverge, and the reference's margin there) plus a JSONL. Runs under the project's CPU runtime when started by
-`make`-style commands (`python -m vllm_lookahead.cpu_runtime run -- ...`); the runtime does not change the answer.
+`make`-style commands (`python -m vllm_lookahead.tools.cpu_runtime run -- ...`); the runtime does not change the answer.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ NEAR_TIE = 0.1  # nats between the reference's best and second-best token
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="a registered model name (vllm_lookahead.models); default: embedded")
+    p.add_argument("--model", default=None, help="a registered model name (vllm_lookahead.tools.models); default: embedded")
     p.add_argument("--num-prompts", type=int, default=120, help="half HumanEval, half ShareGPT")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16, help="max_num_seqs of every engine")
@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load(args: argparse.Namespace) -> tuple[str, list[str]]:
     from transformers import AutoTokenizer
 
-    from vllm_lookahead import models
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools import models
+    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     path = str(models.prepare(args.model)) if args.model else models.default_model_path()
     tok = AutoTokenizer.from_pretrained(path)

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scaling.py --windows 1,2,4,8,16 --ngrams 3,5 --num-prompts 3 --max-new-tokens 64
 
-Runs the transformers reference decoder (`vllm_lookahead.reference.lookahead_generate`, greedy, float32) on the
+Runs the transformers reference decoder (`vllm_lookahead.core.reference.lookahead_generate`, greedy, float32) on the
 embedded default model and raw HumanEval prompts, first as plain decoding (W=1, G=0: one token per step, the
 baseline) and then for every (N, W) with G = W, or with every G of --guess-set-size. Every run's tokens must
 equal the baseline's; mismatches are counted and listed. Each configuration's tree steps are then priced at what
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=("humaneval", "sharegpt"), default="humaneval", help="sharegpt: chat template")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (greedy)")
     p.add_argument(
-        "--model", default=None, help="a registered model name (vllm_lookahead.models) or a folder; default: embedded"
+        "--model", default=None, help="a registered model name (vllm_lookahead.tools.models) or a folder; default: embedded"
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
     p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
@@ -145,7 +145,7 @@ def first_difference(a: list[int], b: list[int]) -> int:
 def sweep_params(args: argparse.Namespace, w: int, n: int, g: int) -> Any:
     """One configuration's LookaheadParams: the window and pool as swept, the other sources as the options say
     (each off by default, so that the sweep measures the paper's method and its baseline is plain decoding)."""
-    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.core.params import LookaheadParams
 
     return LookaheadParams(
         window_size=w,
@@ -160,7 +160,7 @@ def sweep_params(args: argparse.Namespace, w: int, n: int, g: int) -> Any:
 def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from vllm_lookahead.reference import lookahead_generate
+    from vllm_lookahead.core.reference import lookahead_generate
 
     counter = NodeCounter()
     handle = model.register_forward_pre_hook(counter, with_kwargs=True)
@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_lookahead.models import MODELS, default_model_path, prepare
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.models import MODELS, default_model_path, prepare
+    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "model": model_path,
         "dtype": "float32",
-        "decoder": "vllm_lookahead.reference.lookahead_generate",
+        "decoder": "vllm_lookahead.core.reference.lookahead_generate",
         "dataset": args.dataset,
         "step_costs": costs_path,
         "num_prompts": len(prompts),

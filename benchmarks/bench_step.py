@@ -28,7 +28,7 @@ times each tree size's bare(T) in that tree's own lookahead engine, alternating 
 requests opt out of lookahead with `extra_args={"lookahead": False}`), so that both see the machine in the same
 minutes: on a shared machine the separate processes' slow spells otherwise land on one side of the ratio.
 Prints tables and saves a PNG per dtype plus a JSONL of every record (`--out`). Runs under the project's CPU
-runtime (`--runtime project`, vllm_lookahead.cpu_runtime) unless `--runtime vllm`.
+runtime (`--runtime project`, vllm_lookahead.tools.cpu_runtime) unless `--runtime vllm`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
-from vllm_lookahead import cpu_runtime
+from vllm_lookahead.tools import cpu_runtime
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -68,13 +68,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "steps: a noisy machine's slow spells then fall on bare and lookahead steps alike",
     )
     p.add_argument(
-        "--model", default=None, help="a registered model name (vllm_lookahead.models) or a folder; default: embedded"
+        "--model", default=None, help="a registered model name (vllm_lookahead.tools.models) or a folder; default: embedded"
     )
     p.add_argument(
         "--runtime",
         default="project",
         choices=["project", "vllm"],
-        help="project: the CPU runtime `make` sets up (vllm_lookahead.cpu_runtime); vllm: vLLM's defaults",
+        help="project: the CPU runtime `make` sets up (vllm_lookahead.tools.cpu_runtime); vllm: vLLM's defaults",
     )
     p.add_argument(
         "--bare-only", action="store_true", help="only the bare steps (the cost curve of T tokens), no lookahead runs"
@@ -139,7 +139,12 @@ class StepTimer:
         from vllm.model_executor.layers.logits_processor import LogitsProcessor
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-        from vllm_lookahead import engine, kv_relocation, plugin, tree_attention, tree_attention_plan, tree_kernel
+        from vllm_lookahead import plugin
+        from vllm_lookahead.backends.cpu import kernel as tree_kernel
+        from vllm_lookahead.backends.cpu import plan as tree_attention_plan
+        from vllm_lookahead.backends.cpu import reference as tree_attention
+        from vllm_lookahead.backends.cpu import relocation as kv_relocation
+        from vllm_lookahead.glue import engine
 
         plugin.register()  # the plugin's patches first: the timers wrap them
         E = engine.LookaheadEngine
@@ -191,7 +196,7 @@ def worker(args: argparse.Namespace) -> int:
     timer.install()
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.prompts import humaneval_prompts
+    from vllm_lookahead.tools.prompts import humaneval_prompts
 
     model = _model_path(args.model)
     common = dict(model=model, dtype=dtype, max_model_len=2048, seed=0, enforce_eager=True, max_num_seqs=1)
@@ -250,7 +255,7 @@ def worker(args: argparse.Namespace) -> int:
 
 def _model_path(name: str | None) -> str:
     """A registered model's folder (prepared if need be), a folder as given, or the embedded default model's."""
-    from vllm_lookahead.models import MODELS, default_model_path, prepare
+    from vllm_lookahead.tools.models import MODELS, default_model_path, prepare
 
     if name is None:
         return default_model_path()

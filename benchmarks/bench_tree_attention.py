@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
-from vllm_lookahead import cpu_runtime
-from vllm_lookahead.cpu_kv_cache import split
-from vllm_lookahead.tree_attention import TreeRows, apply_tree_attention
-from vllm_lookahead.tree_attention_plan import TreeAttentionPlan
+from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.cpu.layouts import split
+from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan
+from vllm_lookahead.backends.cpu.reference import apply_tree_attention
+from vllm_lookahead.tools import cpu_runtime
 
 BLOCK = 128
 

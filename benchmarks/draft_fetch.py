@@ -1,6 +1,6 @@
 """What fetching a step's drafts from the worker costs the engine core, per speculative method.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/draft_fetch.py --methods suffix,lookahead
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/draft_fetch.py --methods suffix,lookahead
 
 vLLM 0.32's engine core asks the worker process for a step's drafts after the step (`EngineCore.post_step` ->
 `take_draft_token_ids`): a second round trip per step besides the step's own. Lookahead's drafts come with the
@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> int:
     from bench_methods import load_prompts, speculative_config
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     args.lookahead_config = None
     llm = LLM(

@@ -1,7 +1,7 @@
 """How often prompt lookup's first guessed token is right, by what the candidate knows of itself: how much context its
 occurrence matches, and whether the key's other occurrences agree. No model: plain decoding's greedy outputs.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/replay_trees.py --generate --num-prompts 60 \
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/replay_trees.py --generate --num-prompts 60 \
         --sequences benchmarks/results/replay_sequences_60.json    # once: the outputs
     python benchmarks/lookup_calibration.py --sequences benchmarks/results/replay_sequences_60.json
 
@@ -48,9 +48,9 @@ def calibrate(
     right]. The suffix rows (when `with_suffix` and arctic_inference is installed): whether the suffix trees'
     speculation at the same position (the request's prompt and output, and the earlier requests' outputs, as the
     engine keeps them) offers the candidate's first token among its first tokens."""
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.lookup import LookupIndex
-    from vllm_lookahead.suffix import SuffixCandidates
+    from vllm_lookahead.core.lookup import LookupIndex
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.suffix import SuffixCandidates
 
     params = LookaheadParams()
     suffix = SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if with_suffix else None

@@ -1,7 +1,7 @@
 """What one more row (a step's token) costs the linear layers of a whole forward: vLLM's CPU matmuls by row count.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/matmul_rows.py
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/matmul_rows.py --dtype bfloat16 --rows 1,2,4,8
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/matmul_rows.py
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/matmul_rows.py --dtype bfloat16 --rows 1,2,4,8
 
 A forward's linear layers are most of a step's time on a CPU, and the part that grows with the step's tokens. This
 runs them as vLLM does (one oneDNN handler per weight, `_custom_ops.create_onednn_mm`, see matmul_sizes.py) with the

@@ -1,6 +1,6 @@
 """What a step of a size not seen before costs vLLM's CPU matmuls: the oneDNN primitive built per step size.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/matmul_sizes.py --dtype bfloat16
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/matmul_sizes.py --dtype bfloat16
 
 vLLM on a CPU runs each linear layer through a oneDNN handler (`_custom_ops.create_onednn_mm`), which builds a matmul
 primitive per number of rows (a step's tokens) and keeps 32 of them per weight shape, shared by every layer of that
@@ -111,7 +111,7 @@ def set_up(args: argparse.Namespace) -> tuple[dict, object]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.model is None:
-        from vllm_lookahead.models import default_model_path
+        from vllm_lookahead.tools.models import default_model_path
 
         args.model = default_model_path()
     config = json.loads((Path(args.model) / "config.json").read_text())

@@ -1,7 +1,7 @@
 """Where an engine's time goes, by Python function: cProfile around an in-process `LLM.generate`.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --dtype bfloat16 --concurrency 16
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/profile_engine.py --method none ...   # plain
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/profile_engine.py --dtype bfloat16 --concurrency 16
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/profile_engine.py --method none ...   # plain
 
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) with max_num_seqs = --concurrency, eager, on
 HumanEval or (`--dataset sharegpt`) chat-templated ShareGPT prompts, as bench_methods feeds them (greedy unless
@@ -46,29 +46,29 @@ from _inprocess import engine as in_process_engine
 
 # What `--wall` times: (module, owner class or "" for a module function, function), callers before their callees.
 WALL_TARGETS: tuple[tuple[str, str, str], ...] = (
-    ("vllm_lookahead.engine", "LookaheadEngine", "propose"),
-    ("vllm_lookahead.engine", "LookaheadEngine", "begin_step"),
-    ("vllm_lookahead.engine", "LookaheadEngine", "sample"),
-    ("vllm_lookahead.engine", "LookaheadEngine", "_verify"),
-    ("vllm_lookahead.engine", "LookaheadEngine", "_path_top"),
-    ("vllm_lookahead.engine", "", "plan_step"),
-    ("vllm_lookahead.engine", "", "_draw_at"),  # a sampled request's draw at a tree node (--temperature)
-    ("vllm_lookahead.state", "LookaheadState", "build_tree"),
-    ("vllm_lookahead.state", "", "build_step_tree"),
-    ("vllm_lookahead.state", "LookaheadState", "catch_up"),
-    ("vllm_lookahead.state", "LookaheadState", "update"),
-    ("vllm_lookahead.state", "LookaheadState", "_learn"),
-    ("vllm_lookahead.state", "LookaheadState", "_score_in_hindsight"),
-    ("vllm_lookahead.suffix", "SuffixCandidates", "candidates"),
-    ("vllm_lookahead.suffix", "SuffixCandidates", "extend"),
-    ("vllm_lookahead.lookup", "LookupIndex", "candidates"),
-    ("vllm_lookahead.lookup", "LookupIndex", "extend"),
-    ("vllm_lookahead.pool", "NGramPool", "add_many"),
-    ("vllm_lookahead.window", "JacobiWindow", "step"),
-    ("vllm_lookahead.recycle", "TokenRecycler", "candidates"),
-    ("vllm_lookahead.recycle", "TokenRecycler", "observe"),
-    ("vllm_lookahead.tree", "StepTree", "by_score"),
-    ("vllm_lookahead.tree", "StepTree", "truncate"),
+    ("vllm_lookahead.glue.engine", "LookaheadEngine", "propose"),
+    ("vllm_lookahead.glue.engine", "LookaheadEngine", "begin_step"),
+    ("vllm_lookahead.glue.engine", "LookaheadEngine", "sample"),
+    ("vllm_lookahead.glue.engine", "LookaheadEngine", "_verify"),
+    ("vllm_lookahead.glue.engine", "LookaheadEngine", "_path_top"),
+    ("vllm_lookahead.glue.engine", "", "plan_step"),
+    ("vllm_lookahead.glue.engine", "", "_draw_at"),  # a sampled request's draw at a tree node (--temperature)
+    ("vllm_lookahead.core.state", "LookaheadState", "build_tree"),
+    ("vllm_lookahead.core.state", "", "build_step_tree"),
+    ("vllm_lookahead.core.state", "LookaheadState", "catch_up"),
+    ("vllm_lookahead.core.state", "LookaheadState", "update"),
+    ("vllm_lookahead.core.state", "LookaheadState", "_learn"),
+    ("vllm_lookahead.core.state", "LookaheadState", "_score_in_hindsight"),
+    ("vllm_lookahead.core.suffix", "SuffixCandidates", "candidates"),
+    ("vllm_lookahead.core.suffix", "SuffixCandidates", "extend"),
+    ("vllm_lookahead.core.lookup", "LookupIndex", "candidates"),
+    ("vllm_lookahead.core.lookup", "LookupIndex", "extend"),
+    ("vllm_lookahead.core.pool", "NGramPool", "add_many"),
+    ("vllm_lookahead.core.window", "JacobiWindow", "step"),
+    ("vllm_lookahead.core.recycle", "TokenRecycler", "candidates"),
+    ("vllm_lookahead.core.recycle", "TokenRecycler", "observe"),
+    ("vllm_lookahead.core.tree", "StepTree", "by_score"),
+    ("vllm_lookahead.core.tree", "StepTree", "truncate"),
 )
 
 

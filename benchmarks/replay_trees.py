@@ -1,6 +1,6 @@
 """Lookahead's drafting replayed on known greedy outputs, without the model: tokens per step in seconds, not minutes.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/replay_trees.py --generate   # once: the outputs
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/replay_trees.py --generate   # once: the outputs
     python benchmarks/replay_trees.py                                    # default settings
     python benchmarks/replay_trees.py --lookahead-config '{"lookup_len": 16}' --spec-factor 1
 
@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=20, help="prompts per dataset (with --generate)")
     p.add_argument("--sequences", type=Path, default=RESULTS / "replay_sequences.json")
     p.add_argument("--lookahead-config", default=None, help="JSON of lookahead keys")
-    p.add_argument("--spec-factor", type=float, default=None, help="vllm_lookahead.suffix.SPEC_FACTOR for the run")
+    p.add_argument("--spec-factor", type=float, default=None, help="vllm_lookahead.core.suffix.SPEC_FACTOR for the run")
     p.add_argument("--fixed", type=float, default=0.035, help="seconds of a one-request step without drafts")
     p.add_argument("--per-token", type=float, default=0.001, help="seconds per request and per draft token")
     p.add_argument(
@@ -115,11 +115,11 @@ def generate(path: Path, num_prompts: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     llm = LLM(model=default_model_path(), dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
-    from vllm_lookahead.recycle import TOP_K
+    from vllm_lookahead.core.recycle import TOP_K
 
     # the top tokens at every output position too: what token recycling learns at the rows a step went through
     sp = SamplingParams(temperature=0.0, max_tokens=128, logprobs=TOP_K)
@@ -169,12 +169,12 @@ def replay(
     output goes through, as a scorer that knew the output would size it: the most the candidates can give at this
     cost (the sizing is then not used; the tree is still the state's, cut to `max_tree_nodes` by score, and the
     statistics still learn, for the sources that read them)."""
-    from vllm_lookahead.acceptance import AcceptanceStats
-    from vllm_lookahead.recycle import TokenRecycler
-    from vllm_lookahead.sizing import StepCost, plan_step, score_floor
-    from vllm_lookahead.state import LookaheadState
-    from vllm_lookahead.suffix import SuffixCandidates
-    from vllm_lookahead.verify import greedy_verify
+    from vllm_lookahead.core.acceptance import AcceptanceStats
+    from vllm_lookahead.core.recycle import TokenRecycler
+    from vllm_lookahead.core.sizing import StepCost, plan_step, score_floor
+    from vllm_lookahead.core.state import LookaheadState
+    from vllm_lookahead.core.suffix import SuffixCandidates
+    from vllm_lookahead.core.verify import greedy_verify
 
     stats = AcceptanceStats()
     cost = StepCost.frozen(model)
@@ -262,7 +262,7 @@ def replay_suffix(
     import numpy as np
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    from vllm_lookahead.sizing import StepCost
+    from vllm_lookahead.core.sizing import StepCost
 
     d = vllm_suffix_defaults()
     max_depth = int(d["max_tree_depth"])
@@ -341,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.sequences.exists():
         print(f"no {args.sequences}: run with --generate first", file=sys.stderr)
         return 2
-    from vllm_lookahead import suffix
-    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.core import suffix
+    from vllm_lookahead.core.params import LookaheadParams
 
     if args.spec_factor is not None:
         suffix.SPEC_FACTOR = args.spec_factor
@@ -352,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.suffix_seed:
         from transformers import AutoTokenizer
 
-        from vllm_lookahead.models import default_model_path
-        from vllm_lookahead.prompts import sharegpt_answers
+        from vllm_lookahead.tools.models import default_model_path
+        from vllm_lookahead.tools.prompts import sharegpt_answers
 
         tokenizer = AutoTokenizer.from_pretrained(default_model_path())  # the model --generate ran
         seed = [tokenizer.encode(a, add_special_tokens=False) for a in sharegpt_answers(args.suffix_seed)]

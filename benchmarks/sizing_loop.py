@@ -19,8 +19,8 @@ import sys
 
 import numpy as np
 
-from vllm_lookahead.sizing import StepCost, choose_sizes
-from vllm_lookahead.tree import StepTree
+from vllm_lookahead.core.sizing import StepCost, choose_sizes
+from vllm_lookahead.core.tree import StepTree
 
 WARMUP = 500
 DEPTH = 24

@@ -63,7 +63,7 @@ BLOCK_SIZE = 128
 # primitives (unless the environment sets it) and each first prefills one prompt of every length here (more sizes
 # than the caches hold), before its clients start.
 ONEDNN_CACHE_CAPACITY = 64
-# TCMalloc (in LD_PRELOAD under `vllm_lookahead.cpu_runtime`) keeps large freed blocks in its page heap and returns
+# TCMalloc (in LD_PRELOAD under `vllm_lookahead.tools.cpu_runtime`) keeps large freed blocks in its page heap and returns
 # them to the system at its own pace, so RSS follows a step's biggest transient buffers for tens of seconds at a time.
 # A lookahead step's logits (one float32 row of the vocabulary per tree node, 0.58 MiB per node for the default
 # model, so 100 MiB for some 170 nodes across a batch) are such a buffer: one CI soak measured lookahead's RSS
@@ -147,7 +147,7 @@ def _free_port() -> int:
 def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     import requests
 
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     port = _free_port()
     cmd = [
@@ -316,8 +316,8 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.models import default_model_path
-    from vllm_lookahead.prompts import humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.tools.prompts import humaneval_prompts, sharegpt_prompts
 
     tok = AutoTokenizer.from_pretrained(default_model_path())
     long_ids = tok("\n".join(humaneval_prompts(40)))["input_ids"][: args.max_model_len - 3 * args.max_tokens // 2]

@@ -1,7 +1,7 @@
 """Where a batch run's time goes by kind of engine step: decode-only steps against steps that also prefill.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/step_mix.py --dataset sharegpt --concurrency 16
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/step_mix.py --methods none,suffix,lookahead
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/step_mix.py --dataset sharegpt --concurrency 16
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/step_mix.py --methods none,suffix,lookahead
 
 Each method runs in a process of its own, its engine in that process (VLLM_ENABLE_V1_MULTIPROCESSING=0), with
 max_num_seqs = --concurrency, eager, greedy, on HumanEval or chat-templated ShareGPT prompts as bench_methods feeds

@@ -1,6 +1,6 @@
 """How well the node scores predict acceptance, and how many tokens per forward the drafted trees could give at most.
 
-    python -m vllm_lookahead.cpu_runtime run -- python benchmarks/tree_calibration.py --dataset sharegpt
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/tree_calibration.py --dataset sharegpt
 
 One in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0, eager, greedy, one request at a time) generates
 `--num-prompts` prompts of the set after a warm-up on another prompt of it. Every step's whole tree (everything the
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from vllm import SamplingParams
 
-    from vllm_lookahead import engine
-    from vllm_lookahead.tree import Source
+    from vllm_lookahead.core.tree import Source
+    from vllm_lookahead.glue import engine
 
     record: dict[str, bool] = {"on": False}
     # (prompt, x0's index + 1, the tree as proposed (its best chain where the step took chains), nodes of it verified,

@@ -41,7 +41,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.models import default_model_path
+    from vllm_lookahead.tools.models import default_model_path
 
     model = args.model or default_model_path()
     spec = None if args.no_lookahead else {"method": "lookahead", **json.loads(args.config)}

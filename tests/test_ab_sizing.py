@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # t
 
 from ab_sizing import Alternation, charged, parse_args, scaled  # noqa: E402
 
-from vllm_lookahead.sizing import StepCost, score_floor  # noqa: E402
+from vllm_lookahead.core.sizing import StepCost, score_floor  # noqa: E402
 
 
 def test_the_bars_alternate_and_each_step_is_credited_to_its_own():

@@ -139,9 +139,9 @@ def test_none_sync_is_plain_decoding_without_async_scheduling():
 def test_lookahead_corpus_loads_sharegpt_answers_apart_from_the_prompts(tmp_path, monkeypatch):
     import bench_methods
 
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.corpus import read_corpus
-    from vllm_lookahead.prompts import sharegpt_answers
+    from vllm_lookahead.core.corpus import read_corpus
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.tools.prompts import sharegpt_answers
 
     monkeypatch.setattr(bench_methods.Path, "home", lambda: tmp_path)
     monkeypatch.setattr(bench_methods, "CORPUS_ANSWERS", 3)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead import tree_kernel
-from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 

@@ -2,8 +2,8 @@ import dataclasses
 
 import pytest
 
-from vllm_lookahead.config import PATH, LookaheadParams
-from vllm_lookahead.tree import window_slots_max
+from vllm_lookahead.core.params import PATH, LookaheadParams
+from vllm_lookahead.core.tree import window_slots_max
 
 
 def test_defaults():

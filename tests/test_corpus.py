@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.corpus import read_corpus
-from vllm_lookahead.suffix import SuffixCandidates
+from vllm_lookahead.core.corpus import read_corpus
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.suffix import SuffixCandidates
 
 
 def test_a_line_is_a_string_or_an_object_with_a_text(tmp_path):

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from vllm_lookahead import cpu_runtime
+from vllm_lookahead.tools import cpu_runtime
 
 
 def test_cpu_lists_in_vllm_syntax():
@@ -54,7 +54,7 @@ def test_run_starts_the_command_under_it():
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND")}
     code = "import os; print(os.environ.get('LD_PRELOAD', '')); print(os.environ.get('VLLM_CPU_OMP_THREADS_BIND'))"
     out = subprocess.run(
-        [sys.executable, "-m", "vllm_lookahead.cpu_runtime", "run", "--", sys.executable, "-c", code],
+        [sys.executable, "-m", "vllm_lookahead.tools.cpu_runtime", "run", "--", sys.executable, "-c", code],
         env=env,
         capture_output=True,
         text=True,

@@ -11,9 +11,9 @@ import time
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead import tree_kernel
-from vllm_lookahead.engine import SOURCE_NAMES
-from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.glue.engine import SOURCE_NAMES
+from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -164,7 +164,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     if mismatched:
         from transformers import AutoTokenizer
 
-        from vllm_lookahead.models import default_model_path
+        from vllm_lookahead.tools.models import default_model_path
 
         tk = AutoTokenizer.from_pretrained(default_model_path())
         for i, _ in mismatched:
@@ -230,7 +230,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
 def _price_branches(worker, price: float | None) -> None:
     """Run on the worker: a measured step cost in which a branched tree costs `price` seconds more (None: back to
     the module's fixed cost)."""
-    from vllm_lookahead.sizing import StepCost
+    from vllm_lookahead.core.sizing import StepCost
 
     engine = worker.model_runner._lookahead
     if price is None:
@@ -285,7 +285,7 @@ def test_one_forward_pass_per_step(la_llm, batch):
     assert tokens == 64
     # Every pass yields 1 + its accepted drafts; only the last one may run past max_tokens (vLLM cuts the output
     # but has counted those acceptances), by less than the tree's deepest path.
-    from vllm_lookahead.config import LookaheadParams
+    from vllm_lookahead.core.params import LookaheadParams
 
     p = LookaheadParams()
     overshoot = steps + accepted - tokens
@@ -304,8 +304,8 @@ def test_steps_match_the_reference_decoder(la_llm, model_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.reference import lookahead_generate
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.reference import lookahead_generate
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -363,8 +363,8 @@ def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_pat
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.reference import lookahead_generate
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.reference import lookahead_generate
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

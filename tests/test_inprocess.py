@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts import their sibling
 
 from _inprocess import timed_generate  # noqa: E402
 
-from vllm_lookahead.prompts import humaneval_prompts  # noqa: E402
+from vllm_lookahead.tools.prompts import humaneval_prompts  # noqa: E402
 
 
 class _Recorder:

@@ -11,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead import kv_relocation, tree_kernel
+from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu import relocation as kv_relocation
 
 pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the reference path runs")
 

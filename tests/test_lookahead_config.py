@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_lookahead import patches, plugin
-from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead import plugin
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.glue import patches
 
 
 @pytest.fixture(autouse=True)

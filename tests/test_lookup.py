@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_lookahead.lookup import MATCH_CAP, LookupIndex, LookupMatch
-from vllm_lookahead.tree import Source
+from vllm_lookahead.core.lookup import MATCH_CAP, LookupIndex, LookupMatch
+from vllm_lookahead.core.tree import Source
 
 
 def matched(tokens, p, m):

@@ -36,7 +36,7 @@ def test_local_tag_is_ignored():
 
 
 def test_other_version_leaves_vllm_untouched(monkeypatch, caplog):
-    from vllm_lookahead import patches
+    from vllm_lookahead.glue import patches
 
     patches.revert_all()
     monkeypatch.setattr(plugin, "_registered", False)

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.pool import NGramPool
+from vllm_lookahead.core.pool import NGramPool
 
 
 def test_most_recent_first_dedup_and_refresh():

@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.recycle import TokenRecycler
-from vllm_lookahead.state import LookaheadState
-from vllm_lookahead.tree import Source
-from vllm_lookahead.verify import greedy_verify
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.recycle import TokenRecycler
+from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.core.tree import Source
+from vllm_lookahead.core.verify import greedy_verify
 
 
 def test_candidates_follow_the_table_best_ranks_first():
@@ -108,9 +108,9 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     is taught too, and every rank always under tensor parallelism."""
     import torch
 
-    from vllm_lookahead.engine import LookaheadEngine
-    from vllm_lookahead.step import ScheduledTree
-    from vllm_lookahead.tree import StepTree
+    from vllm_lookahead.core.tree import StepTree
+    from vllm_lookahead.glue.engine import LookaheadEngine
+    from vllm_lookahead.glue.step import ScheduledTree
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
     engine.states["a"] = LookaheadState(engine.params, [1, 2, 3], recycle=engine.recycle)
@@ -145,7 +145,7 @@ class _Rate:
 def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
     """A greedy run's recycled guesses earning a third of their estimates keep the table untaught under a bar they
     cannot clear, though the sampled statistics, which no request of the step uses, still sit at their prior."""
-    from vllm_lookahead.engine import LookaheadEngine
+    from vllm_lookahead.glue.engine import LookaheadEngine
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
     assert engine.acceptance_sampled.factor(Source.RECYCLE, 1) == 1.0  # the prior: nothing sampled was seen

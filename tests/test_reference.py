@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.prompts import humaneval_prompts
-from vllm_lookahead.reference import lookahead_generate
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.reference import lookahead_generate
+from vllm_lookahead.tools.prompts import humaneval_prompts
 
 MAX_NEW = 64
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.replay_trees import cost_model, parse_args, replay
-from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.core.params import LookaheadParams
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
 
@@ -21,7 +21,7 @@ def test_replay_reproduces_the_outputs_and_drafts_what_repeats():
 
 
 def test_a_replay_that_does_not_match_its_output_is_refused(monkeypatch):
-    import vllm_lookahead.verify as verify
+    import vllm_lookahead.core.verify as verify
 
     real = verify.greedy_verify
 
@@ -168,7 +168,7 @@ def test_the_oracle_carries_only_the_drafts_the_output_goes_through():
 def test_the_oracle_leaves_the_window_slots_it_did_not_carry_alone(monkeypatch):
     """The window learns only from the slots a step carried (cut-off slots keep their guesses): under --oracle, the
     ones on the output's path, up to its last draft (the step's last token is the target's own)."""
-    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.core.state import LookaheadState
 
     seen: list[tuple[dict, set[int]]] = []
     real = LookaheadState.update

@@ -8,10 +8,10 @@ import json
 import pytest
 from vllm import SamplingParams
 
-from vllm_lookahead.config import REQUEST_KEYS, LookaheadParams, RequestSettingsError
-from vllm_lookahead.eligibility import ineligible_reason, request_params, request_settings
-from vllm_lookahead.pool import NGramPool
-from vllm_lookahead.state import LookaheadState
+from vllm_lookahead.core.params import REQUEST_KEYS, LookaheadParams, RequestSettingsError
+from vllm_lookahead.core.pool import NGramPool
+from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.glue.eligibility import ineligible_reason, request_params, request_settings
 
 SERVER = LookaheadParams(window_size=4, ngram_size=3, guess_set_size=4, shared_pool_keys=64)
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.acceptance import AcceptanceStats
-from vllm_lookahead.sizing import (
+from vllm_lookahead.core.acceptance import AcceptanceStats
+from vllm_lookahead.core.sizing import (
     BRANCH_PRIOR_WEIGHT,
     DECAY,
     KNEES,
@@ -19,7 +19,7 @@ from vllm_lookahead.sizing import (
     plan_step,
     score_floor,
 )
-from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree
+from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tree
 
 
 def _tree(scores: list[float]) -> StepTree:
@@ -262,8 +262,8 @@ def test_growing_step_cost_shrinks_trees_then_turns_drafting_off():
 )
 def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained, seed):
     """Leaving out the nodes under `score_floor` changes no step's drafts: the sizing never takes them."""
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.state import LookaheadState
 
     rng = random.Random(seed)
     stats = AcceptanceStats()
@@ -300,8 +300,8 @@ def test_a_dear_step_drafts_no_nodes_at_all():
     """16 requests at a relative node cost of 0.03: no untrained pool n-gram (prior 0.3) or window slot clears
     the bar (0.32), so none is even drafted; a likelier source's nodes (prompt lookup on an 8-token match, prior
     0.9) still are."""
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.state import LookaheadState
 
     cost = StepCost(relative_node_cost=0.03)
     floor = score_floor(cost, 16)
@@ -332,7 +332,7 @@ def test_acceptance_rates_follow_verification():
 
 def test_window_is_worth_what_its_ngrams_yield():
     stats = AcceptanceStats()
-    from vllm_lookahead.window import JacobiWindow
+    from vllm_lookahead.core.window import JacobiWindow
 
     win = JacobiWindow(2, 3, [5, 6])
     win.set_x0(4)
@@ -347,8 +347,8 @@ def test_window_is_worth_what_its_ngrams_yield():
 
 def test_rising_acceptance_grows_trees_through_the_state():
     """Pool candidates that keep being accepted score higher, so more of them pay at the same step cost."""
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.state import LookaheadState
 
     params = LookaheadParams(window_size=1, ngram_size=4, guess_set_size=4, lookup_candidates=0, suffix_candidates=0)
     stats = AcceptanceStats()
@@ -367,9 +367,9 @@ def test_rising_acceptance_grows_trees_through_the_state():
 
 
 def test_shared_pool_stays_within_its_bound():
-    from vllm_lookahead.config import LookaheadParams
-    from vllm_lookahead.pool import NGramPool
-    from vllm_lookahead.state import LookaheadState
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.core.pool import NGramPool
+    from vllm_lookahead.core.state import LookaheadState
 
     params = LookaheadParams(shared_pool_keys=50, suffix_candidates=0)
     shared = NGramPool(params.ngram_size, params.guess_set_size, params.shared_pool_keys)

@@ -5,11 +5,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.acceptance import AcceptanceStats
-from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.state import LookaheadState
-from vllm_lookahead.tree import Source, StepTree
-from vllm_lookahead.verify import greedy_verify, sample_verify
+from vllm_lookahead.core.acceptance import AcceptanceStats
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.core.tree import Source, StepTree
+from vllm_lookahead.core.verify import greedy_verify, sample_verify
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # repeated tokens: a key alone is ambiguous
 

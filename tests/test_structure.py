@@ -1,5 +1,10 @@
-"""The code's shape: imports flow one way (core <- glue <- patches <- plugin), and the README says what the code does
-(its key table is LookaheadParams, its layout table names files that exist)."""
+"""The code's shape: the package is laid out by layer and imports flow one way, and the README says what the code
+does (its key table is LookaheadParams, its layout table names files that exist).
+
+Layers, lowest first: `core` (the algorithm: no vLLM, nothing above it), `backends` (attention backends: no glue),
+`glue` (the vLLM glue and its patches), `plugin` (the entry point). `tools` (set-up and benchmark helpers) sit
+apart: nothing the plugin imports at run time imports them.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +13,12 @@ import dataclasses
 import re
 from pathlib import Path
 
-from vllm_lookahead.config import LookaheadParams
+from vllm_lookahead.core.params import LookaheadParams
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "vllm_lookahead"
-CORE = {"config", "pool", "window", "tree", "verify", "state", "lookup", "suffix", "recycle", "acceptance", "sizing"}
-GLUE = {
-    "cpu_kv_cache",
-    "tree_attention",
-    "tree_attention_plan",
-    "tree_kernel",
-    "attention_path",
-    "kv_relocation",
-    "step",
-    "engine",
-    "eligibility",
-    "drafter",
-}
+# Top-level modules every layer may use (no vLLM, no package imports of their own but these).
+SHARED = {"vllm_lookahead", "vllm_lookahead.cache"}
 
 
 def _module_name(path: Path) -> str:
@@ -97,18 +91,49 @@ def test_import_graph_is_acyclic():
     assert not cycle, " -> ".join(cycle)
 
 
+def _layer(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PKG / parts[1]).is_dir()) else name
+
+
 def test_layers_import_downwards_only():
     edges, outside = _graph()
+    allowed = {
+        "core": {"core"},
+        "backends": {"core", "backends"},
+        "glue": {"core", "backends", "glue"},
+        "vllm_lookahead.plugin": {"glue"},
+        "tools": {"core", "backends", "glue", "tools", "vllm_lookahead.plugin"},
+    }
+    layers = {_layer(n) for n in edges} - SHARED
+    assert {"core", "backends", "glue", "tools", "vllm_lookahead.plugin"} <= layers, layers
     for name, deps in edges.items():
-        me = _short(name)
-        short = {_short(d) for d in deps}
-        if me in CORE or me == "reference":
-            assert short <= CORE, f"{me} imports {short - CORE}: the core (and the reference decoder) import no glue"
-            assert "vllm" not in outside[name], f"{me} imports vllm"
-        if me in GLUE:
-            assert not {s for s in short if s.startswith("patches") or s == "plugin"}, f"{me} imports {short}"
-        if me.startswith("patches"):
-            assert "plugin" not in short, f"{me} imports the plugin"
+        me = _layer(name)
+        if name in SHARED:
+            assert deps <= SHARED, f"{name} imports {deps - SHARED}"
+            continue
+        used = {_layer(d) for d in deps if d not in SHARED}
+        assert me in allowed, f"{name}: a module outside the layers"
+        assert used <= allowed[me], f"{name} ({me}) imports {used - allowed[me]}"
+        if me == "core":
+            assert "vllm" not in outside[name], f"{name} imports vllm: the core is the algorithm alone"
+
+
+def test_run_time_code_imports_no_tools():
+    edges, _ = _graph()
+    for name, deps in edges.items():
+        if _layer(name) != "tools":
+            assert not {d for d in deps if _layer(d) == "tools"}, f"{name} imports the set-up tooling"
+
+
+def test_backends_import_no_vllm_at_module_level_but_their_own():
+    """The backend interface and the chain backend load anywhere (no vLLM, no Triton): selection imports them first."""
+    for mod in ("base.py", "chain.py", "__init__.py"):
+        tree = ast.parse((PKG / "backends" / mod).read_text())
+        top = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        names = {a.name.split(".")[0] for n in top if isinstance(n, ast.Import) for a in n.names}
+        names |= {n.module.split(".")[0] for n in top if isinstance(n, ast.ImportFrom) and n.module}
+        assert not names & {"vllm", "triton"}, (mod, names)
 
 
 def test_no_top_level_patches_package_is_shipped():

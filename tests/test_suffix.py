@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from vllm_lookahead import suffix as suffix_mod
-from vllm_lookahead.config import LookaheadParams
-from vllm_lookahead.state import LookaheadState
-from vllm_lookahead.suffix import SuffixCandidates, tree_to_paths
-from vllm_lookahead.tree import Source
+from vllm_lookahead.core import suffix as suffix_mod
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.core.suffix import SuffixCandidates, tree_to_paths
+from vllm_lookahead.core.tree import Source
 
 
 def test_tree_to_paths_gives_leaves_best_first_with_conditional_estimates():
@@ -93,7 +93,7 @@ def test_a_speculation_on_a_short_match_is_scored_apart():
     assert short and {c.source for c in short} == {Source.SUFFIX_SHORT}
     assert {c.tokens[0] for c in short} <= {3, 8}
     # before anything was learned, a short match's estimate counts for less
-    from vllm_lookahead.acceptance import AcceptanceStats
+    from vllm_lookahead.core.acceptance import AcceptanceStats
 
     stats = AcceptanceStats()
     assert stats.factor(Source.SUFFIX_SHORT, 1) < stats.factor(Source.SUFFIX, 1)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_lookahead import target_dist
-from vllm_lookahead.target_dist import NUCLEUS_SEARCH, draw, nucleus
+from vllm_lookahead.glue import target_dist
+from vllm_lookahead.glue.target_dist import NUCLEUS_SEARCH, draw, nucleus
 
 VOCAB = 49152  # the default model's
 

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -26,7 +26,7 @@ SHARED_COUNTERS = ("steps", "tree_steps", "accepted", "sampled_accepted", "fallb
 
 @pytest.fixture(scope="module")
 def tp_model_path() -> str:
-    from vllm_lookahead.models import prepare
+    from vllm_lookahead.tools.models import prepare
 
     return str(prepare(TP_MODEL))
 
@@ -66,7 +66,7 @@ def batch(tp_model_path):
 def _skew_tree_sizes(worker) -> int:
     """Run on every worker: rank 0 finds every node worth its cost, the others none, so their own tree sizes
     differ as much as they can (in real runs they differ by their step timings)."""
-    from vllm_lookahead.sizing import StepCost
+    from vllm_lookahead.core.sizing import StepCost
 
     worker.model_runner._lookahead.cost = StepCost(0.0 if worker.rank == 0 else 10.0)
     return worker.rank

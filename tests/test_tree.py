@@ -3,8 +3,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.tree import Candidate, Source, StepTree, build_step_tree, window_slots_max
-from vllm_lookahead.window import JacobiWindow
+from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tree, window_slots_max
+from vllm_lookahead.core.window import JacobiWindow
 
 VOCAB = 3  # tiny, so that paths collide and merging has work to do
 

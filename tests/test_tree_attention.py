@@ -5,9 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_lookahead.cpu_kv_cache import check_layout, gather_kv, read_cache_slots, read_slots, split, vllm_writer
-from vllm_lookahead.tree import build_step_tree
-from vllm_lookahead.tree_attention import TreeRows, apply_tree_attention
+from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.cpu.layouts import (
+    check_layout,
+    gather_kv,
+    read_cache_slots,
+    read_slots,
+    split,
+    vllm_writer,
+)
+from vllm_lookahead.backends.cpu.reference import apply_tree_attention
+from vllm_lookahead.core.tree import build_step_tree
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,10 +11,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead import tree_kernel
-from vllm_lookahead.cpu_kv_cache import split
-from vllm_lookahead.tree_attention import TreeRows, apply_tree_attention
-from vllm_lookahead.tree_attention_plan import TreeAttentionPlan, ancestor_bitsets, supports
+from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu.layouts import split
+from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan, ancestor_bitsets, supports
+from vllm_lookahead.backends.cpu.reference import apply_tree_attention
 
 pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the plain-torch path runs")
 

@@ -8,10 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead import verify as verify_module
-from vllm_lookahead.tree import StepTree, build_step_tree
-from vllm_lookahead.verify import draw_verify, greedy_verify, sample_verify
-from vllm_lookahead.window import JacobiWindow
+from vllm_lookahead.core import verify as verify_module
+from vllm_lookahead.core.tree import StepTree, build_step_tree
+from vllm_lookahead.core.verify import draw_verify, greedy_verify, sample_verify
+from vllm_lookahead.core.window import JacobiWindow
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -436,7 +436,7 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
 def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
     """Ties go to the first maximal index and NaN counts as the largest, as in vLLM's `argmax(-1)` of the float32
     logits; rows are read as they are laid out (a transposed view too)."""
-    from vllm_lookahead.verify import row_argmax
+    from vllm_lookahead.core.verify import row_argmax
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randint(-3, 4, (40, 257), generator=g).to(dtype)  # few distinct values: ties in every row
@@ -455,7 +455,7 @@ def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
 def test_row_topk_is_each_rows_top_k(dtype, vocab):
     """The block-first top k gives what torch's topk gives: the k largest of each row, largest first (compared by
     value: bfloat16 rows tie often, and then either tied token is right)."""
-    from vllm_lookahead.verify import row_topk
+    from vllm_lookahead.core.verify import row_topk
 
     gen = torch.Generator().manual_seed(vocab)
     rows = torch.randn(5, vocab, generator=gen).to(dtype)

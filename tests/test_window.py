@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.window import JacobiWindow
+from vllm_lookahead.core.window import JacobiWindow
 
 
 def _labelled_window(w, n, p):

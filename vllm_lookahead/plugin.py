@@ -54,6 +54,6 @@ def register() -> None:
             SUPPORTED_VLLM_VERSION,
         )
         return
-    from vllm_lookahead import patches
+    from vllm_lookahead.glue import patches
 
     patches.apply_all()

@@ -1,0 +1,43 @@
+"""Attention backends behind one interface (`base.TreeBackend`): which one runs a model's tree rows.
+
+`select` tries the tree backends written for the platform in order and takes the first that reads the model's KV
+cache; where none does, the chain backend (each request's best branch, through vLLM's own attention). Backends are
+imported only when asked for, so a platform's code (vLLM's CPU ops, Triton) is loaded only on that platform.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from vllm_lookahead.backends.base import CacheSpec, TreeBackend, TreeRows
+from vllm_lookahead.backends.chain import ChainBackend
+
+__all__ = ["CacheSpec", "ChainBackend", "TreeBackend", "TreeRows", "select", "TREE_BACKENDS"]
+
+# Per platform, the tree backends in the order they are tried ("module:Class", imported lazily).
+TREE_BACKENDS: dict[str, tuple[str, ...]] = {
+    "cpu": ("vllm_lookahead.backends.cpu.backend:CpuTreeBackend",),
+}
+
+
+def _load(path: str) -> type[TreeBackend]:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def select(spec: CacheSpec, force_chains: str | None = None) -> tuple[TreeBackend, str]:
+    """The backend for a KV cache and a sentence saying which path lookahead takes and why.
+    force_chains: a reason to run chains whatever the cache (settings the tree path does not serve)."""
+    if force_chains:
+        return ChainBackend(), f"chains (each request's best branch, vLLM's own attention): {force_chains}"
+    reasons = []
+    for path in TREE_BACKENDS.get(spec.platform, ()):
+        cls = _load(path)
+        why = cls.unsupported(spec)
+        if why is None:
+            return cls(), f"trees through the {cls.name} attention backend ({spec})"
+        reasons.append(why)
+    if not reasons:
+        reasons.append(f"no tree attention backend for the {spec.platform} platform")
+    why = "; ".join(reasons)
+    return ChainBackend(), f"chains (each request's best branch, vLLM's own attention): {why}"

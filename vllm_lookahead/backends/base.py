@@ -1,0 +1,91 @@
+"""The one interface every attention backend implements, and what the glue hands it.
+
+A backend answers three things for the engine:
+- `unsupported(spec)`: whether it runs lookahead's tree rows on a given KV cache (its platform, layout, dtype,
+  head size, block size); None when it does, else why not (the engine then runs the chain backend and says so once);
+- `attend(...)`: one attention layer of a step that carries trees: every row of the batch computed, the tree rows
+  with each node attending its request's cached prefix and its own ancestors;
+- `relocate(layers, src, dst)`: accepted tree nodes' KV moved from the slots they were written at to the
+  consecutive slots vLLM expects, in every layer's cache.
+The CPU layouts (`backends.cpu`), the chain fallback (`backends.chain`) and the GPU kernel (`backends.cuda`) are the
+implementations. Backends import no glue: the glue hands them the step's tree rows (`TreeRows`) and a per-step dict
+in which a backend may keep what it prepares at the step's first layer for the others (`plans`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+
+@dataclass(frozen=True)
+class TreeRows:
+    """One lookahead request's tree rows in this step's flattened batch."""
+
+    req_index: int  # its row in the step's query_start_loc / seq_lens / block table
+    q_start: int  # first query row (the root x0)
+    num_nodes: int  # tree nodes scheduled (root included): rows q_start .. q_start + num_nodes - 1
+    seq_len: int  # cached prefix + num_nodes: every KV entry the request has once this step's KV is written
+    block_ids: torch.Tensor  # the request's block table row (>= ceil(seq_len / block_size) entries)
+    mask: torch.Tensor  # [num_nodes, num_nodes] bool, mask[u, v]: node u attends node v (StepTree.ancestor_mask)
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """What decides whether a backend reads and writes a model's KV cache."""
+
+    platform: str  # "cpu", "cuda", ...
+    layout: str  # CPU: vLLM's attention ISA ("vec", "vec16", "amx", "neon", ...); CUDA: the attention backend's name
+    dtype: torch.dtype  # the model's (and the cache's, unless kv_cache_dtype says otherwise)
+    kv_cache_dtype: str  # vLLM's cache_dtype: "auto" or a quantized one ("fp8", ...)
+    head_size: int
+    block_size: int
+
+    def __str__(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"{self.platform} {self.layout} layout, {dtype}, KV cache {self.kv_cache_dtype}, "
+            f"head size {self.head_size}, block size {self.block_size}"
+        )
+
+
+class TreeBackend(ABC):
+    name: ClassVar[str]
+    trees: ClassVar[bool] = True  # False: the chain backend (each request's best branch, vLLM's own attention)
+
+    @classmethod
+    @abstractmethod
+    def unsupported(cls, spec: CacheSpec) -> str | None:
+        """None where this backend runs tree rows on such a cache, else the reason it does not."""
+
+    @abstractmethod
+    def attend(
+        self,
+        original: Callable[..., torch.Tensor],
+        impl: Any,
+        layer: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: Any,
+        output: torch.Tensor,
+        rows: Sequence[TreeRows],
+        plans: dict[int, object],
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """One layer's forward for a step with tree rows (`original` is vLLM's forward of this layer)."""
+
+    @abstractmethod
+    def relocate(self, layers: Sequence[Any], src: Sequence[int], dst: Sequence[int]) -> None:
+        """For every attention layer's cache, copy the KV at global slots `src` to slots `dst` (pairwise; every
+        source read before any destination is written)."""
+
+    def used_kernel(self, plans: dict[int, object]) -> bool:
+        """Whether a step's tree rows went through the backend's fast kernel (for the engine's counters)."""
+        return False

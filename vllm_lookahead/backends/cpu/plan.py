@@ -1,0 +1,256 @@
+"""One step's attention with lookahead trees, computed once per row: the fast path of the CPU attention layer.
+
+Built at the step's first decoder layer (per attention metadata) and used by every layer of that step:
+- the plain requests' rows (and chains) go to vLLM's stock kernel, compacted: their query rows, query offsets,
+  sequence lengths and block table rows, with the kernel's scheduler metadata built for them;
+- every tree row goes to the compiled kernel (tree_kernel.py), which reads the request's cached prefix and the
+  row's ancestors in place from the paged cache, by one call per layer with a prepared argument block.
+So no row is computed twice, nothing is gathered or upcast, and per layer Python makes at most three calls.
+`TreeAttentionPlan.build` returns None where this path does not apply (no compiler, ALiBi, soft-cap, sliding
+window, sinks, a quantized KV cache, another dtype or cache layout); the caller then uses the plain-torch path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu import layouts
+from vllm_lookahead.backends.cpu.layouts import split
+
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl, CPUAttentionMetadata
+
+MAX_NODES_PER_ITEM = 16  # a work item's rows are at most this many nodes x the query heads of one KV head
+
+
+def ancestor_bitsets(mask: torch.Tensor, words: int) -> np.ndarray:
+    """[n, words] uint64: bit v of row u is mask[u, v] (node u attends node v)."""
+    bits = np.packbits(mask.numpy(), axis=1, bitorder="little")
+    padded = np.zeros((mask.shape[0], words * 8), np.uint8)
+    padded[:, : bits.shape[1]] = bits
+    return padded.view("<u8")
+
+
+def work_items(trees: Sequence[TreeRows], num_kv_heads: int, num_threads: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kernel's work items ([items, 8] int32: q_start, n, prefix, first node, end node, mask row, KV head,
+    request row) and the ancestor bitsets of all trees' nodes, stacked.
+
+    A tree is cut into chunks of at most MAX_NODES_PER_ITEM nodes, into more where there are too few items to keep
+    every thread busy; items are ordered biggest first for the kernel's dynamic schedule.
+    """
+    sizes = [t.num_nodes for t in trees]
+    words = (max(sizes) + 63) // 64
+    masks = np.concatenate([ancestor_bitsets(t.mask, words) for t in trees])
+    chunks = [-(-n // MAX_NODES_PER_ITEM) for n in sizes]
+    total = sum(chunks) * num_kv_heads
+    if total < 2 * num_threads:
+        factor = -(-2 * num_threads // total)
+        chunks = [min(n, c * factor) for n, c in zip(sizes, chunks, strict=True)]
+    items = []
+    mask_row = 0
+    for t, n, c in zip(trees, sizes, chunks, strict=True):
+        bounds = [(j * n) // c for j in range(c + 1)]
+        prefix = t.seq_len - n
+        for h in range(num_kv_heads):
+            items += [(t.q_start, n, prefix, bounds[j], bounds[j + 1], mask_row, h, t.req_index) for j in range(c)]
+        mask_row += n
+    items.sort(key=lambda it: -(it[4] - it[3]) * (it[2] + it[1]))
+    return np.array(items, np.int32), masks
+
+
+def cache_readable(impl: CPUAttentionBackendImpl, layer: Attention, kv_cache: torch.Tensor) -> bool:
+    """Whether the compiled kernel reads (and moves) this layer's cache as vLLM wrote it: an unscaled float32 or
+    bfloat16 cache in a layout it knows (`cpu_kv_cache`)."""
+    return (
+        kv_cache.dtype in layouts.DTYPES
+        and getattr(layer, "isa", None) in layouts.READABLE
+        and impl.kv_cache_dtype == "auto"
+    )
+
+
+def supports(impl: CPUAttentionBackendImpl, layer: Attention, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether the compiled kernel computes this layer's tree rows exactly as the stock kernel would."""
+    kernel = tree_kernel.load()
+    return (
+        kernel is not None
+        and cache_readable(impl, layer, kv_cache)
+        and kv_cache.dtype == query.dtype
+        and query.stride(-1) == 1
+        and impl.alibi_slopes is None
+        and not impl.logits_soft_cap
+        and impl.sinks is None
+        and impl.sliding_window == -1
+        and impl.head_size in tree_kernel.HEAD_SIZES
+        and kv_cache.shape[2] % kernel.vector_width == 0
+    )
+
+
+@dataclass
+class PlainRows:
+    """The requests without a tree, as their own batch for the stock kernel."""
+
+    rows: torch.Tensor  # long: their query rows in the step's batch
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    scheduler_metadata: torch.Tensor
+
+
+@dataclass
+class TreeAttentionPlan:
+    kernel: tree_kernel.TreeKernel
+    args: np.ndarray  # int64, tree_kernel.ARGS; the strides are filled in by the first layer
+    keep: tuple[object, ...]  # what the args point into
+    num_tokens: int
+    plain: PlainRows | None
+    strides: tuple[int, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        trees: Sequence[TreeRows],
+        impl: CPUAttentionBackendImpl,
+        layer: Attention,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: CPUAttentionMetadata,
+    ) -> TreeAttentionPlan | None:
+        if attn_metadata.causal is not True or attn_metadata.dynamic_causal is not None:
+            return None
+        if not supports(impl, layer, query, kv_cache):
+            return None
+        kernel = tree_kernel.load()
+        assert kernel is not None
+        qsl = attn_metadata.query_start_loc.numpy()
+        seq_lens = attn_metadata.seq_lens
+        seq = seq_lens.numpy()
+        for t in trees:
+            r = t.req_index
+            if qsl[r] != t.q_start or qsl[r + 1] - qsl[r] != t.num_nodes or seq[r] != t.seq_len:
+                raise RuntimeError(f"vllm-lookahead: a tree's rows do not match the attention metadata ({t})")
+        items, masks = work_items(trees, impl.num_kv_heads, torch.get_num_threads())
+        block_table = attn_metadata.block_table
+        if block_table.dtype != torch.int32 or not block_table.is_contiguous():
+            block_table = block_table.to(torch.int32).contiguous()
+        args = np.zeros(len(tree_kernel.ARGS), np.int64)
+        values = dict(
+            items=items.ctypes.data,
+            num_items=len(items),
+            block_table=block_table.data_ptr(),
+            block_table_stride=block_table.stride(0),
+            masks=masks.ctypes.data,
+            mask_words=masks.shape[1],
+            scale_bits=int(np.float32(impl.scale).view(np.int32)),
+            block_size=kv_cache.shape[2],
+            head_size=impl.head_size,
+            queries_per_kv=impl.num_heads // impl.num_kv_heads,
+            bf16=int(query.dtype == torch.bfloat16),
+            max_rows=int((items[:, 4] - items[:, 3]).max()) * (impl.num_heads // impl.num_kv_heads),
+            parallel=1,
+        )
+        for name, value in values.items():
+            args[tree_kernel.ARGS.index(name)] = value
+        num_tokens = attn_metadata.num_actual_tokens
+        plain = _plain_rows(trees, impl, layer, query.dtype, attn_metadata, num_tokens)
+        return cls(kernel, args, (items, masks, block_table), num_tokens, plain)
+
+    def forward(
+        self,
+        layer: Attention,
+        impl: CPUAttentionBackendImpl,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        output: torch.Tensor,
+    ) -> None:
+        """This layer's attention for every row of the step: `output[:num_tokens]` written, nothing else."""
+        n = self.num_tokens
+        out3 = output.view(output.shape[0], impl.num_heads, impl.head_size)
+        if self.plain is not None:
+            from vllm import _custom_ops as ops
+
+            p = self.plain
+            key_cache, value_cache = split(kv_cache)
+            q = query.index_select(0, p.rows)
+            o = torch.empty_like(q)
+            ops.cpu_attention_with_kv_cache(
+                query=q,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=o,
+                query_start_loc=p.query_start_loc,
+                seq_lens=p.seq_lens,
+                scale=impl.scale,
+                causal=True,
+                alibi_slopes=None,
+                sliding_window=-1,
+                block_table=p.block_table,
+                softcap=0.0,
+                scheduler_metadata=p.scheduler_metadata,
+                s_aux=None,
+                dynamic_causal=None,
+                k_scale=layer._k_scale_float,
+                v_scale=layer._v_scale_float,
+                kv_cache_dtype=impl.kv_cache_dtype,
+            )
+            out3[:n].index_copy_(0, p.rows, o)
+        strides = (query.stride(0), query.stride(1), kv_cache.stride(0), kv_cache.stride(1))
+        strides += (out3.stride(0), out3.stride(1))
+        if strides != self.strides:  # the same for every layer of a step: set at the first
+            if out3.stride(2) != 1 or kv_cache.stride(3) != 1 or kv_cache.stride(2) != kv_cache.shape[3]:
+                raise RuntimeError("vllm-lookahead: unexpected attention tensor layout for the tree kernel")
+            self.args[tree_kernel.ARGS.index("q_stride0") :] = strides
+            self.strides = strides
+        self.kernel.layer(self.args.ctypes.data, query.data_ptr(), kv_cache.data_ptr(), out3.data_ptr())
+
+
+def _plain_rows(
+    trees: Sequence[TreeRows],
+    impl: CPUAttentionBackendImpl,
+    layer: Attention,
+    dtype: torch.dtype,
+    attn_metadata: CPUAttentionMetadata,
+    num_tokens: int,
+) -> PlainRows | None:
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    num_reqs = attn_metadata.query_start_loc.shape[0] - 1
+    plain = np.ones(num_reqs, bool)
+    plain[[t.req_index for t in trees]] = False
+    if not plain.any():
+        return None
+    reqs = torch.from_numpy(np.flatnonzero(plain))
+    is_tree_row = np.zeros(num_tokens, bool)
+    for t in trees:
+        is_tree_row[t.q_start : t.q_start + t.num_nodes] = True
+    qsl = attn_metadata.query_start_loc
+    lengths = (qsl[1:] - qsl[:-1])[reqs]
+    query_start_loc = torch.zeros(len(reqs) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.cumsum(lengths, 0, dtype=torch.int32)
+    seq_lens = attn_metadata.seq_lens[reqs].contiguous()
+    sched = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(reqs),
+        num_heads=impl.num_heads,
+        num_kv_heads=impl.num_kv_heads,
+        head_dim=impl.head_size,
+        seq_lens=seq_lens,
+        dtype=dtype,
+        query_start_loc=query_start_loc,
+        causal=True,
+        sliding_window_size=-1,
+        isa=layer.isa,
+        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        dynamic_causal=None,
+        kv_cache_dtype=impl.kv_cache_dtype,
+    )
+    rows = torch.from_numpy(np.flatnonzero(~is_tree_row))
+    block_table = attn_metadata.block_table[reqs].contiguous()
+    return PlainRows(rows, query_start_loc, seq_lens, block_table, sched)

@@ -1,0 +1,32 @@
+"""Attention: a lookahead step's tree rows get tree-masked attention from the engine's backend.
+
+vLLM's kernels have no arbitrary mask. Each patched forward is a pass-through outside steps with trees (every run
+without lookahead, warm-up, chains, encoder layers) and otherwise hands the layer to the step's backend.
+"""
+
+from __future__ import annotations
+
+from vllm_lookahead.glue import step as lookahead_step
+from vllm_lookahead.glue.patches.base import Patch
+
+
+def _cpu_owner():
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    return CPUAttentionBackendImpl
+
+
+def _forward(original):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        from vllm.v1.attention.backend import AttentionType
+
+        step = lookahead_step.current()
+        if step is None or not step.attention_rows or attn_metadata is None or self.attn_type != AttentionType.DECODER:
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+        return step.backend.attend(original, self, layer, query, key, value, kv_cache, attn_metadata, output,
+                                   step.attention_rows, step.attention_plans, *args, **kwargs)  # fmt: skip
+
+    return forward
+
+
+PATCHES = [Patch("cpu_attn.CPUAttentionBackendImpl.forward", _cpu_owner, "forward", _forward)]

@@ -1,0 +1,65 @@
+"""A vLLM 0.32 CPU bug in speculative sampling, fixed where lookahead samples.
+
+`rejection_sampler.expand_batch_to_tokens` spreads each request's temperature, top-k and top-p over its draft
+rows. On CPU its kernel (`cpu_triton_utils._expand_kernel_impl`) converts the output and input tensors to int64
+before the C++ op writes, so for float32 temperatures and top-p, and int32 top-k, the op writes into a temporary
+copy: the returned tensor keeps `new_empty`'s uninitialised memory (and a float input would be truncated to an
+integer anyway). vLLM's rejection sampler then divides by garbage temperatures, and top-k fails ("selected index k
+out of range") or truncates at random. Every speculative method's sampled requests are affected on CPU.
+
+The replacement expands with `repeat_interleave`. It is active while lookahead samples (`engine.sample` opens
+`sampling_scope`), and for every method when VLLM_LOOKAHEAD_FIX_CPU_SAMPLING=1 (benchmarks comparing vLLM's own
+sampled ngram/suffix runs use it); otherwise vLLM's own function runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+
+from vllm_lookahead.glue.patches.base import Patch
+
+FIX_ENV = "VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"
+_active: ContextVar[bool] = ContextVar("lookahead_cpu_sampling_fix", default=False)
+
+
+@contextmanager
+def sampling_scope() -> Iterator[None]:
+    token = _active.set(True)
+    try:
+        yield
+    finally:
+        _active.reset(token)
+
+
+def expand_batch_to_tokens(
+    x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from: int = 0, replace_to: int = 0
+) -> torch.Tensor:
+    """[batch] -> [num_tokens]: x[i] repeated for request i's rows, replace_from replaced by replace_to."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    out = torch.repeat_interleave(x, counts, output_size=num_tokens)
+    if replace_from != replace_to:
+        out = out.masked_fill(out == replace_from, replace_to)
+    return out
+
+
+def _owner():
+    from vllm.v1.sample import rejection_sampler
+
+    return rejection_sampler
+
+
+def _expand(original):
+    def expand(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        if x.device.type == "cpu" and (_active.get() or os.environ.get(FIX_ENV) == "1"):
+            return expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        return original(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    return expand
+
+
+PATCHES = [Patch("rejection_sampler.expand_batch_to_tokens", _owner, "expand_batch_to_tokens", _expand)]
