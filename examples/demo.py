@@ -1,7 +1,7 @@
-"""The main job: generate with vLLM + lookahead on the embedded default model; print text, tokens/s and tokens
-per target forward pass.
+"""The main job: generate with vLLM + lookahead on the embedded default model, and with plain decoding on the same
+prompts; print lookahead's text, both runs' tokens/s and tokens per target forward pass, and the ratio.
 
-    make demo            # or: .venv/bin/python examples/demo.py [--no-lookahead] [--dtype float32]
+    make demo            # or: .venv/bin/python examples/demo.py [--dtype float32] [--no-plain]
 """
 
 from __future__ import annotations
@@ -29,48 +29,70 @@ def tokens_per_forward(llm) -> float | None:
     return generated / (generated - accepted)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--no-lookahead", action="store_true", help="plain decoding, for comparison")
-    parser.add_argument("--config", default="{}", help="extra lookahead keys as JSON, e.g. '{\"window_size\": 6}'")
-    args = parser.parse_args()
+def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tuple[list, float, float | None]:
+    """One engine's outputs for PROMPTS (after a warm-up), the seconds they took, and its tokens per forward."""
+    import gc
 
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.tools.models import default_model_path
-
-    model = args.model or default_model_path()
-    spec = None if args.no_lookahead else {"method": "lookahead", **json.loads(args.config)}
     llm = LLM(
         model=model,
-        dtype=args.dtype,
+        dtype=dtype,
         max_model_len=2048,
         seed=0,
         enforce_eager=True,
         speculative_config=spec,
         disable_log_stats=False,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
     llm.chat(conversations[:1], params, use_tqdm=False)  # warm-up
-
     start = time.perf_counter()
     outputs = llm.chat(conversations, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
+    tpf = tokens_per_forward(llm) if spec else 1.0
+    del llm  # its engine goes before the next one starts
+    gc.collect()
+    return outputs, elapsed, tpf
 
-    n_tokens = 0
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--no-plain", action="store_true", help="lookahead alone, without the plain-decoding run")
+    parser.add_argument("--config", default="{}", help="extra lookahead keys as JSON, e.g. '{\"window_size\": 6}'")
+    args = parser.parse_args()
+
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm_lookahead.tools.models import default_model_path
+
+    model = args.model or default_model_path()
+    spec = {"method": "lookahead", **json.loads(args.config)}
+    runs = {}
+    if not args.no_plain:
+        runs["plain decoding"] = generate(model, args.dtype, args.max_tokens, None)
+    runs["lookahead"] = generate(model, args.dtype, args.max_tokens, spec)
+
+    outputs = runs["lookahead"][0]
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        completion = out.outputs[0]
-        n_tokens += len(completion.token_ids)
-        print(f"\n### {prompt}\n{completion.text.strip()}")
-    mode = "plain decoding" if args.no_lookahead else f"lookahead {json.dumps(spec)}"
-    print(f"\n{mode}: {len(PROMPTS)} prompts, {n_tokens} tokens in {elapsed:.2f} s: {n_tokens / elapsed:.1f} tokens/s")
-    tpf = tokens_per_forward(llm)
-    print(f"tokens per target forward pass: {tpf:.2f}" if tpf else "tokens per target forward pass: 1.00")
+        print(f"\n### {prompt}\n{out.outputs[0].text.strip()}")
+    print(f"\n{len(PROMPTS)} prompts, greedy, {args.dtype}, up to {args.max_tokens} new tokens each:")
+    speed = {}
+    for name, (outs, elapsed, tpf) in runs.items():
+        n = sum(len(o.outputs[0].token_ids) for o in outs)
+        speed[name] = n / elapsed
+        per = f"{tpf:.2f}" if tpf else "1.00"
+        print(f"  {name:<15} {n:4d} tokens in {elapsed:6.2f} s: {speed[name]:6.1f} tokens/s, {per} tokens per forward")
+    if "plain decoding" in runs:
+        same = sum(
+            a.outputs[0].token_ids == b.outputs[0].token_ids
+            for a, b in zip(runs["plain decoding"][0], outputs, strict=True)
+        )
+        note = "" if args.dtype == "float32" else f" (exact in float32; {args.dtype} rounds differently)"
+        ratio = speed["lookahead"] / speed["plain decoding"]
+        print(f"  lookahead / plain decoding: {ratio:.2f}x tokens/s; outputs identical for {same}/{len(PROMPTS)}{note}")
 
 
 if __name__ == "__main__":

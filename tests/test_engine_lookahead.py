@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import make_llm
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
-from vllm_lookahead.glue.engine import SOURCE_NAMES
+from vllm_lookahead.glue.stats import SOURCE_NAMES
 from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
@@ -234,13 +234,13 @@ def _price_branches(worker, price: float | None) -> None:
 
     engine = worker.model_runner._lookahead
     if price is None:
-        engine.cost = StepCost(engine.params.node_cost)
+        engine.drafting.cost = StepCost(engine.params.node_cost)
         return
     cost = StepCost()
     for i in range(400):
         r, d, b = 1 + i % 8, i % 24, i % 2 == 0
         cost.observe(r, d, b, 0.030 + 0.001 * r + 0.0002 * d + price * b)
-    engine.cost = cost
+    engine.drafting.cost = cost
 
 
 def test_chains_where_branches_do_not_pay_their_price(la_llm, batch, plain_outputs):

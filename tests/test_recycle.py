@@ -108,26 +108,23 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     is taught too, and every rank always under tensor parallelism."""
     import torch
 
-    from vllm_lookahead.core.tree import StepTree
     from vllm_lookahead.glue.engine import LookaheadEngine
-    from vllm_lookahead.glue.step import ScheduledTree
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
-    engine.states["a"] = LookaheadState(engine.params, [1, 2, 3], recycle=engine.recycle)
+    gate = engine.recycling
     logits = torch.randn(3, 300)
-    scheduled = ScheduledTree("a", 0, 0, 3, StepTree.chain([5, 6, 7]), True)
 
     def top(floor: float) -> dict:
-        engine._recycling_pays = engine._recycle_may_pay(floor, [engine.acceptance])
-        return engine._path_top(logits, [0], [(scheduled, None, [1], [6, 7], True)], {0: [0, 1]})
+        gate.decide(floor, [engine.acceptance])
+        return gate.path_top(logits, [0], {0: [0, 1]}, [0])
 
-    assert not engine.recycle.table
-    best = engine.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1))
+    assert not gate.recycle.table
+    best = gate.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1))
     taught = top(best - 1e-6)
-    assert taught[0] == logits[:2].topk(engine.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
+    assert taught[0] == logits[:2].topk(gate.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
     assert top(best) == {}  # a large batch on a CPU: no recycled guess would be drafted
     assert top(0.0)  # tensor parallelism: no bar
-    engine.recycle = None
+    gate.recycle = None
     assert top(0.0) == {}
 
 
@@ -148,9 +145,10 @@ def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
     from vllm_lookahead.glue.engine import LookaheadEngine
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
-    assert engine.acceptance_sampled.factor(Source.RECYCLE, 1) == 1.0  # the prior: nothing sampled was seen
-    best = engine.recycle.best_estimate()
+    gate = engine.recycling
+    assert engine.shared.acceptance_sampled.factor(Source.RECYCLE, 1) == 1.0  # the prior: nothing sampled was seen
+    best = gate.recycle.best_estimate()
     bar = best / 2  # above what a guess earning a third of its estimate scores, below a guess at its estimate
-    assert not engine._recycle_may_pay(bar, [_Rate(1 / 3)])  # greedy requests alone
-    assert engine._recycle_may_pay(bar, [_Rate(1 / 3), _Rate(1.0)])  # with sampled ones that earn their estimates
-    assert engine._recycle_may_pay(0.0, [_Rate(1 / 3)])  # no bar (tensor parallelism)
+    assert not gate.may_pay(bar, [_Rate(1 / 3)])  # greedy requests alone
+    assert gate.may_pay(bar, [_Rate(1 / 3), _Rate(1.0)])  # with sampled ones that earn their estimates
+    assert gate.may_pay(0.0, [_Rate(1 / 3)])  # no bar (tensor parallelism)

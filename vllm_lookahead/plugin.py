@@ -56,4 +56,16 @@ def register() -> None:
         return
     from vllm_lookahead.glue import patches
 
+    _log_through_vllm()
     patches.apply_all()
+
+
+def _log_through_vllm() -> None:
+    """Our log lines (which path lookahead runs and why, the reasons for plain decoding) printed as vLLM prints its
+    own: its handler and level, in every process. They still propagate, so a handler of the user's sees them too."""
+    vllm_logger = logging.getLogger("vllm")
+    if logger.handlers or not vllm_logger.handlers:
+        return
+    for handler in vllm_logger.handlers:
+        logger.addHandler(handler)
+    logger.setLevel(vllm_logger.level)

@@ -113,3 +113,13 @@ def draw(sampler: Sampler, row: torch.Tensor, md: SamplingMetadata, req_index: i
             return int(idx[int(torch.argmax(vals - torch.empty_like(vals).exponential_().log_()))])
     sampled, _ = sampler.topk_topp_sampler(logits, {} if gen is None else {0: gen}, k, p)
     return int(sampled[0])
+
+
+def draw_at(
+    sampler: Sampler, md: SamplingMetadata, req_index: int, rows: torch.Tensor, first: int | None, u: int
+) -> int:
+    """The target's token at tree node u of a sampled request (`rows`: its tree's logits rows): vLLM's own draw at x0
+    when the step sampled it (`first`), else `draw`."""
+    if u == 0 and first is not None:
+        return first
+    return draw(sampler, rows[u], md, req_index)

@@ -91,7 +91,9 @@ def _convert(gguf_path: Path, out_dir: Path, dtype: str) -> None:
 
     folder, file = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=getattr(torch, dtype))
+    # Dequantized in float32 (transformers' fastest GGUF path, which it asks for in a notice otherwise), then cast.
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    model = model.to(getattr(torch, dtype))
     # save_pretrained refuses models that still say they are GGUF-quantized; the weights are dequantized now.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -1,0 +1,110 @@
+"""Drafting: each lookahead request's next tree, sized by what the engine's own steps cost.
+
+The trees come from the requests' states (`core.state`); how many nodes each step carries from the step-cost fit
+(`core.sizing`), which learns from the engine's own decoding steps timed here (`StepTimer`): small trees where tokens
+are dear (a CPU, a large batch), large ones where they are nearly free, none where nothing is likely enough. Where
+the backend runs no trees (the chain backend), each request carries its best branch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from vllm_lookahead.backends import TreeBackend
+from vllm_lookahead.core.params import LookaheadParams
+from vllm_lookahead.core.sizing import StepCost, StepTimer, choose_sizes, plan_step, score_floor
+from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.glue.recycling import RecyclingGate
+from vllm_lookahead.glue.requests import Requests
+from vllm_lookahead.glue.step import LookaheadStep
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+
+class Drafting:
+    def __init__(
+        self,
+        params: LookaheadParams,
+        max_model_len: int,
+        ranks: int,
+        backend: TreeBackend,
+        recycling: RecyclingGate,
+    ) -> None:
+        self.params = params
+        self.max_model_len = max_model_len
+        # Under tensor parallelism every rank must build the same trees, but each sizes them from its own step
+        # timings: there the trees are built whole and only cut to the driver's scheduled drafts.
+        self.ranks = ranks
+        self.backend = backend
+        self.recycling = recycling
+        self.cost = StepCost(params.node_cost)
+        # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included).
+        self.timer = StepTimer()
+
+    def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
+        """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
+        drafts), is complete and feeds the fit."""
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        tokens = scheduler_output.total_num_scheduled_tokens
+        requests = runner.input_batch.num_reqs
+        decoding = tokens == requests + sum(len(d) for d in spec.values())
+        timed = self.timer.begin(time.perf_counter(), requests, tokens - requests if decoding else None)
+        if timed is not None:
+            self.cost.observe(*timed)
+
+    def propose(
+        self, runner: GPUModelRunner, sampled_token_ids: list[list[int]], requests: Requests, step: LookaheadStep
+    ) -> list[list[int]]:
+        """Next step's drafts per request (input batch order): each tree's best nodes after the root x0, as many as
+        the fitted step cost says pay (`sizing.plan_step`); the trees go into `step`. Ends a decoding step's own span,
+        drafting included; the fit learns it with the engine's work until the next step (`StepTimer`)."""
+        try:
+            return self._draft(runner, sampled_token_ids, requests, step)
+        finally:
+            self.timer.end(time.perf_counter())
+
+    def _draft(
+        self, runner: GPUModelRunner, sampled_token_ids: list[list[int]], requests: Requests, step: LookaheadStep
+    ) -> list[list[int]]:
+        batch = runner.input_batch
+        drafts: list[list[int]] = [[] for _ in batch.req_ids]
+        rows: list[tuple[int, str]] = []
+        ready: list[tuple[LookaheadState, int]] = []
+        caps: list[int] = []
+        for i, req_id in enumerate(batch.req_ids):
+            sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
+            if not sampled or not requests.eligible(runner, req_id):
+                continue
+            room = self.max_model_len - int(batch.num_tokens_no_spec[i])  # positions left for drafts after x0
+            if room <= 0:
+                continue
+            rows.append((i, req_id))
+            ready.append((requests.state(runner, i, req_id), int(sampled[-1])))
+            caps.append(room + 1)
+        budget = self.params.step_token_budget - len(ready)
+        if not ready or budget <= 0:
+            return drafts  # no room for a single draft token this step: the states have learned, nothing to build
+        # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
+        floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
+        self.recycling.decide(floor, [state.stats for state, _ in ready])
+        trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
+        if not self.backend.trees:  # no tree attention here: each request's best chain
+            trees = [t.best_chain() for t in trees]
+        if self.ranks == 1:
+            # Where the tree attention path costs more than its branches bring, each request's best chain alone.
+            trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget)
+        else:
+            sizes = choose_sizes(trees, caps, batch.num_reqs, self.cost, budget).sizes
+        for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
+            # The whole tree is kept and vLLM gets its first `size` nodes: scheduling cuts the tree to what was
+            # scheduled. Under tensor parallelism every rank builds the same tree from the same state, but only the
+            # driver's drafts are scheduled and the sizes follow each rank's own step timings; so every rank cuts
+            # the same tree at the driver's size. Under two nodes there is nothing to draft: the request decodes
+            # plainly this step (large batches, where tokens are dear, and requests whose candidates are unlikely).
+            step.proposed[req_id] = tree
+            if size > 1:
+                drafts[i] = tree.tokens[1:size]
+        return drafts
