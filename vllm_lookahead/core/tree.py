@@ -106,6 +106,12 @@ class StepTree:
         """Children of u in ascending node order (not a copy, do not mutate)."""
         return self._children[u]
 
+    @property
+    def child_lists(self) -> list[list[int]]:
+        """Every node's children in ascending order, indexed by node (not copies, do not mutate): for walks that
+        visit many nodes, such as verification."""
+        return self._children
+
     def path(self, u: int) -> list[int]:
         """Node indices from the root to u, both included."""
         out = []

@@ -53,7 +53,7 @@ def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], lis
     if isinstance(argmax, torch.Tensor):
         argmax = argmax.tolist()
     tokens = tree.tokens
-    children = tree._children
+    children = tree.child_lists
     depths = tree.depths
     best: list[int] = []
     path: list[int] = []
@@ -85,7 +85,7 @@ def draw_verify(tree: StepTree, draw: Callable[[int], int]) -> tuple[list[int], 
     over several distinct children, the sum of their probabilities, as for multi-candidate rejection sampling.
     """
     tokens = tree.tokens
-    children = tree._children
+    children = tree.child_lists
     accepted: list[int] = []
     out: list[int] = []
     u = 0
@@ -122,7 +122,7 @@ def sample_verify(
     if probs.dim() != 2 or probs.shape[0] < n:
         raise ValueError(f"lookahead: probs must be [num_nodes >= {n}, vocab] (got {tuple(probs.shape)})")
     tokens = tree.tokens
-    children = tree._children
+    children = tree.child_lists
     device = probs.device
     if generator is not None:
         uniforms = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device)
