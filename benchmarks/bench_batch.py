@@ -1,49 +1,63 @@
 """Speculative methods against the batch size: tokens/s vs plain decoding, and the tree size lookahead chooses.
 
     python benchmarks/bench_batch.py                                  # concurrency 1,4,16; humaneval,sharegpt
-    python benchmarks/bench_batch.py --concurrency 1,16 --methods none,suffix,lookahead --num-prompts 16
+    python benchmarks/bench_batch.py --concurrency 1,16 --methods none,suffix,lookahead --num-prompts 16 --eager
 
-For each concurrency C it runs `bench_methods.py` (each method in its own engine, `max_num_seqs=C`, C requests in
-flight) on max(C, --num-prompts) prompts per dataset, then prints one table and saves one PNG: tokens/s relative to
-plain decoding per method, and lookahead's draft tokens per request-step (the tree size its sizing chose) against C.
-Other options (`--dtype`, `--max-tokens`, `--eager`, `--lookahead-config`, ...) pass through to bench_methods.
+For each concurrency C it runs `bench_methods.py` (interleaved rounds, `max_num_seqs=C`, C requests in flight) on
+max(C, --num-prompts) prompts per dataset, then prints one table and saves one PNG: tokens/s relative to plain
+decoding per method, and lookahead's draft tokens per request-step (the tree size its sizing chose) against C. For
+lookahead the table also gives the step-cost fit its sizing ended the run with and the bar a request's first node had
+to clear at C requests. Other options (`--dtype`, `--max-tokens`, `--eager`, `--rounds`, `--lookahead-config`, ...)
+pass through to bench_methods.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
-import bench_methods as bm  # the scripts run from benchmarks/, which is on sys.path
-from _results import append_jsonl
+from vllm_lookahead.tools import bench
+
+BENCH_METHODS = Path(__file__).resolve().with_name("bench_methods.py")
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """This script's options, and the rest (bench_methods.py's)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,4,16", help="comma list of concurrent requests")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per dataset (at least the concurrency)")
-    p.add_argument("--methods", default="none,ngram,suffix,lookahead")
-    p.add_argument("--out", default="benchmarks/results/")
+    p.add_argument("--methods", default=bench.DEFAULT_METHODS)
+    p.add_argument("--out", default=bench.RESULTS)
     args, rest = p.parse_known_args(argv)
-    args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    try:
+        args.levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        p.error("--concurrency: positive integers")
     if not args.levels or min(args.levels) < 1:
         p.error("--concurrency: positive integers")
     return args, rest
 
 
-def run_level(args: argparse.Namespace, rest: list[str], c: int) -> list[dict[str, Any]]:
-    argv = [*rest, "--methods", args.methods, "--concurrency", str(c), "--num-prompts", str(max(c, args.num_prompts))]
-    margs = bm.parse_args(argv)
-    results = {}
-    for method in margs.method_list:
-        print(f"=== concurrency {c}: {method} ===", file=sys.stderr)
-        results[method] = bm.run_method(method, argv)
-    rows = bm.build_rows(margs, results)
-    for r in rows:
-        r["concurrency"] = c
-    return rows
+def run_level(args: argparse.Namespace, rest: list[str], c: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """bench_methods.py's rows at concurrency c (its table and logs go to stderr), and the settings it recorded."""
+    with tempfile.TemporaryDirectory(prefix="bench-batch-") as tmp:
+        n = max(c, args.num_prompts)
+        cmd = [sys.executable, str(BENCH_METHODS), *rest, "--methods", args.methods, "--concurrency", str(c),
+               "--num-prompts", str(n), "--out", tmp]  # fmt: skip
+        print(f"=== concurrency {c} ===", file=sys.stderr)
+        rc = subprocess.run(cmd, stdout=sys.stderr).returncode
+        found = list(Path(tmp).glob("*.jsonl"))
+        if rc != 0 or not found:
+            raise SystemExit(f"bench_methods.py failed at concurrency {c} (exit {rc})")
+        lines = [json.loads(line) for line in found[0].read_text().splitlines()]
+    settings = lines[0]["settings"]
+    rows = [{k: v for k, v in line.items() if k not in ("time", "settings")} | {"concurrency": c} for line in lines]
+    return rows, settings
 
 
 def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
@@ -54,7 +68,7 @@ def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
     if not stats or "step_cost_knee" not in stats:
         return None
     from vllm_lookahead.core.sizing import StepCost, score_floor
-    from vllm_lookahead.glue.engine import COST_KEYS
+    from vllm_lookahead.glue.stats import COST_KEYS
 
     cost = StepCost.frozen([stats[k] for k in COST_KEYS])
     m = cost.coefficients()
@@ -75,12 +89,11 @@ def table(rows: list[dict[str, Any]]) -> str:
             continue
         ident = f"{r['identical']}/{r['prompts']}" if "identical" in r else "n/a"
         cost = step_cost(r)
-        line = "" if cost is None else cost[0]
-        bar = "" if cost is None else f"{cost[1]:.2f}"
+        vs_none = "n/a" if r.get("vs_none") is None else f"{r['vs_none']:.2f}"
         lines.append(
-            f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | "
-            f"{bm._fmt(r.get('vs_none'), '.2f')} | {r['tokens_per_forward']:.2f} | {r['drafts_per_step']:.1f} | "
-            f"{ident} | {line} | {bar} |"
+            f"| {r['dataset']} | {r['concurrency']} | {r['method']} | {r['tokens_per_s']:.1f} | {vs_none} | "
+            f"{r['tokens_per_forward']:.2f} | {r['drafts_per_step']:.1f} | {ident} | "
+            f"{'' if cost is None else cost[0]} | {'' if cost is None else f'{cost[1]:.2f}'} |"
         )
     return "\n".join(lines)
 
@@ -119,20 +132,22 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-    runtime = bm.apply_runtime(bm.parse_args(rest))
+    argv = sys.argv[1:] if argv is None else argv
+    args, rest = parse_args(argv)
     rows: list[dict[str, Any]] = []
+    settings: dict[str, Any] = {}
     for c in args.levels:
-        rows += run_level(args, rest, c)
-    margs = bm.parse_args(rest)
-    title = f"{margs.dtype}, {'eager' if margs.eager else 'compiled'}, {margs.max_tokens} tokens per request\n{runtime}"
+        level, settings = run_level(args, rest, c)
+        rows += level
+    mode = "eager" if settings["eager"] else "compiled"
+    title = f"{settings['dtype']}, {mode}, {settings['max_tokens']} tokens per request\n{settings['runtime']}"
     print(f"\n{title}\n\n{table(rows)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"batch_{args.methods.replace(',', '-')}_c{'-'.join(map(str, args.levels))}_{margs.dtype}"
+    stem = f"batch_{args.methods.replace(',', '-')}_c{'-'.join(map(str, args.levels))}_{settings['dtype']}"
     plot(rows, out / f"{stem}.png", title)
     print(f"\nchart: {out / f'{stem}.png'}")
-    append_jsonl(out / f"{stem}.jsonl", {"argv": sys.argv[1:] if argv is None else argv}, rows)
+    bench.append_jsonl(out / f"{stem}.jsonl", {"argv": argv, **settings}, rows)
     return 0
 
 

@@ -4,8 +4,10 @@ time against generated length, up to 8k tokens (the default model's limit).
     python benchmarks/bench_long.py                      # contexts 256..8000, both sets, float32 and bfloat16
     python benchmarks/bench_long.py --dtypes float32 --contexts 256,2048 --reps 1 --gen-tokens 1024   # quick
 
-Two sweeps, each engine in a subprocess with vLLM in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the
-engine steps are timed from outside by `bench_step.StepTimer` (the plugin carries no timers):
+Two sweeps, each engine in a subprocess with vLLM in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, async scheduling
+off), driven step by step through vLLM's own `LLMEngine.step` and each step timed by the clock from outside
+(`bench.step_clock`: a step's whole cost, scheduling and output processing included). Nothing of vLLM or of the
+plugin is replaced or wrapped:
 
 - context: for every context L and set (HumanEval prompts and ShareGPT first turns, each concatenated into one long
   text), `--reps` prompts of L tokens, each ending at one of `--reps` fixed points of the text (so every L continues
@@ -18,9 +20,10 @@ engine steps are timed from outside by `bench_step.StepTimer` (the plugin carrie
 - generation (first dtype only): one HumanEval prompt decoded with lookahead for `--gen-tokens` tokens (EOS
   ignored; sampled at temperature 1, seed 0: greedy decoding of this small model, and sampling at lower
   temperatures, fall into loops that teach the pool and the index nothing new; pure sampling keeps adding new
-  n-grams, the case that grows them most). Per step: the request's n-gram pool keys, prompt-lookup index keys,
-  drafting time (the plugin's `propose` + `begin_step`) and the process RSS; summarised at generated lengths 256,
-  512, 1k, .. and plotted.
+  n-grams, the case that grows them most). After every step: the request's n-gram pool keys and prompt-lookup index
+  keys (read from the worker's lookahead state through `collective_rpc`, outside the step's time), the step's time
+  and the process RSS; summarised at generated lengths 256, 512, 1k, .. and plotted. (Drafting alone is not timed:
+  that would take a timer inside the plugin; `diagnostics/profile_engine.py` shows its share under cProfile.)
 
 Prints markdown tables, saves a PNG (four panels) and appends every row to a JSONL file, both under `--out`. Runs
 under the project's CPU runtime (vllm_lookahead.tools.cpu_runtime) like the other benchmarks.
@@ -38,10 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
-from bench_step import StepTimer
-
-from vllm_lookahead.tools import cpu_runtime
+from vllm_lookahead.tools import bench
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
@@ -62,7 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="prompts per (set, context), from different offsets")
     p.add_argument("--new-tokens", type=int, default=96, help="tokens decoded per prompt in the context sweep")
     p.add_argument("--gen-tokens", type=int, default=7800, help="tokens of the generation sweep (0: skip it)")
-    p.add_argument("--out", default="benchmarks/results/")
+    p.add_argument("--out", default=bench.RESULTS)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -95,16 +95,18 @@ def long_text_ids(tok: Any, name: str, need: int) -> list[int]:
     return ids
 
 
-def _step_s(r: dict[str, float]) -> float:
-    return r.get("execute", 0.0) + r.get("sample_tokens", 0.0)
+def _state_sizes(worker: Any) -> tuple[int, int] | None:
+    """The one live request's n-gram pool keys and prompt-lookup index keys, read on the worker (`collective_rpc`):
+    nothing is replaced, but this reads the engine's own objects, so it follows their names."""
+    engine = getattr(worker.model_runner, "_lookahead", None)
+    states = list(engine.requests.states.values()) if engine is not None else []
+    if not states:
+        return None
+    state = states[0]
+    return len(state.pool), len(state.lookup._index) if state.lookup is not None else 0
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def context_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
+def context_sweep(llm: Any, args: argparse.Namespace, dtype: str) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
     tok = llm.get_tokenizer()
@@ -122,14 +124,13 @@ def context_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace, dtype: s
                 row: dict[str, Any] = {"dtype": dtype, "set": name, "context": ctx, "rep": rep}
                 outs = {}
                 for kind, sp in (("plain", plain), ("lookahead", look)):
-                    timer.records.clear()
-                    (out,) = llm.generate(prompt, sp, use_tqdm=False)
-                    outs[kind] = list(out.outputs[0].token_ids)
-                    steps = [_step_s(r) for r in timer.records[1:]]  # the first step prefills the uncached rest
+                    final, clocked = bench.step_clock(llm, prompt, sp)
+                    outs[kind] = list(final.outputs[0].token_ids)
+                    steps = [seconds for seconds, _ in clocked[1:]]  # the first step prefills the uncached rest
                     row[f"{kind}_tokens"] = len(outs[kind]) - 1  # the prefill's token is not a decoding step's
                     row[f"{kind}_steps"] = len(steps)
                     row[f"{kind}_seconds"] = sum(steps)
-                    row[f"{kind}_step_ms"] = 1000 * sorted(steps)[len(steps) // 2] if steps else None
+                    row[f"{kind}_step_ms"] = 1000 * bench.median(steps) if steps else None
                 row["identical"] = outs["plain"] == outs["lookahead"]
                 rows.append(row)
                 print(
@@ -142,73 +143,48 @@ def context_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace, dtype: s
     return rows
 
 
-def generation_sweep(llm: Any, timer: StepTimer, args: argparse.Namespace) -> list[dict[str, Any]]:
+def generation_sweep(llm: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
-    from vllm_lookahead.glue.engine import LookaheadEngine
+    after: list[dict[str, Any]] = []  # what the request holds after each step
 
-    samples: list[dict[str, Any]] = []
-    propose = LookaheadEngine.propose
+    def sample(generated: int) -> None:
+        sizes = llm.collective_rpc(_state_sizes)[0]
+        pool, lookup = sizes if sizes is not None else (0, 0)
+        after.append({"generated": generated, "pool_keys": pool, "lookup_keys": lookup, "rss_mib": bench.rss_mib()})
 
-    def watched(self: LookaheadEngine, *a: Any, **k: Any) -> Any:
-        out = propose(self, *a, **k)
-        for state in self.states.values():  # one request
-            if timer.cur is not None:
-                timer.cur["generated"] = state.seen - state.prompt_len
-                timer.cur["pool_keys"] = len(state.pool)
-                timer.cur["lookup_keys"] = len(state.lookup._index) if state.lookup is not None else 0
-                timer.cur["rss_mib"] = _rss_mib()
-        return out
-
-    LookaheadEngine.propose = watched  # type: ignore[method-assign]
-    tok = llm.get_tokenizer()
-    prompt = {"prompt_token_ids": long_text_ids(tok, "humaneval", 256)[:256]}
+    prompt = {"prompt_token_ids": long_text_ids(llm.get_tokenizer(), "humaneval", 256)[:256]}
     # Pure sampling: greedy decoding of a small model (and sampling at T=0.8) loops within a few hundred tokens,
     # and a loop teaches the pool and the index nothing new; sampled text keeps them growing.
     sp = SamplingParams(temperature=1.0, seed=0, max_tokens=args.gen_tokens, ignore_eos=True)
-    timer.records.clear()
     t0 = time.perf_counter()
-    rss = _rss_mib()
-    llm.generate(prompt, sp, use_tqdm=False)
-    for r in timer.records:
-        if "generated" not in r:
-            continue
-        samples.append(
-            {
-                "generated": int(r["generated"]),
-                "pool_keys": int(r["pool_keys"]),
-                "lookup_keys": int(r["lookup_keys"]),
-                "drafting_ms": 1000 * (r.get("propose", 0.0) + r.get("begin", 0.0)),
-                "step_ms": 1000 * _step_s(r),
-                "scheduled": r["scheduled"],
-                "rss_mib": r["rss_mib"],
-            }
-        )
-    LookaheadEngine.propose = propose  # type: ignore[method-assign]
-    print(f"generation: {time.perf_counter() - t0:.0f} s, RSS {rss:.0f} -> {_rss_mib():.0f} MiB", file=sys.stderr)
-    return [{"kind": "generation", "rss_before_mib": rss, "rss_after_mib": _rss_mib(), "samples": samples}]
+    rss = bench.rss_mib()
+    _, steps = bench.step_clock(llm, prompt, sp, after_step=sample)
+    samples = [
+        {**a, "step_ms": 1000 * seconds, "made": made}
+        for a, (seconds, made) in list(zip(after, steps, strict=True))[1:]  # past the prefill
+    ]
+    print(f"generation: {time.perf_counter() - t0:.0f} s, RSS {rss:.0f} -> {bench.rss_mib():.0f} MiB", file=sys.stderr)
+    return [{"kind": "generation", "rss_before_mib": rss, "rss_after_mib": bench.rss_mib(), "samples": samples}]
 
 
 def worker(args: argparse.Namespace) -> int:
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core and worker in this process: we can wrap them
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, stepped by step_clock
     kind, dtype = args.worker.split(":")
-    timer = StepTimer()
-    timer.install()
     from vllm import LLM
 
-    from vllm_lookahead.tools.models import default_model_path
-
     llm = LLM(
-        model=default_model_path(),
+        model=bench.model_path(),
         dtype=dtype,
         max_model_len=MAX_MODEL_LEN,
         seed=0,
         enforce_eager=True,
         max_num_seqs=1,
         enable_prefix_caching=True,
+        async_scheduling=False,
         speculative_config={"method": "lookahead"},
     )
-    rows = context_sweep(llm, timer, args, dtype) if kind == "context" else generation_sweep(llm, timer, args)
+    rows = context_sweep(llm, args, dtype) if kind == "context" else generation_sweep(llm, args)
     Path(args.result_file).write_text(json.dumps(rows))
     return 0
 
@@ -246,10 +222,6 @@ def summarise_contexts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
 CHECKPOINTS = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -267,9 +239,8 @@ def summarise_generation(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "pool_keys": last["pool_keys"],
                 "lookup_keys": last["lookup_keys"],
                 "rss_mib": last["rss_mib"],
-                "drafting_ms": _median([s["drafting_ms"] for s in span]),
-                "drafting_ms_max": max(s["drafting_ms"] for s in span),
-                "step_ms": _median([s["step_ms"] for s in span]),
+                "step_ms": bench.median(s["step_ms"] for s in span),
+                "step_ms_max": max(s["step_ms"] for s in span),
                 "tokens_per_forward": (span[-1]["generated"] - span[0]["generated"]) / max(1, len(span) - 1),
             }
         )
@@ -292,13 +263,13 @@ def context_table(rows: list[dict[str, Any]]) -> str:
 
 def generation_table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| generated tokens | pool keys | lookup index keys | drafting ms/step (median) | drafting ms (max) "
-        "| step ms (median) | tokens/forward (since half) | process RSS (MiB) |"
+        "| generated tokens | pool keys | lookup index keys | step ms (median) | step ms (max) "
+        "| tokens/forward (since half) | process RSS (MiB) |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        cells = [str(r["generated"]), str(r["pool_keys"]), str(r["lookup_keys"]), f"{r['drafting_ms']:.2f}"]
-        cells += [f"{r['drafting_ms_max']:.1f}", f"{r['step_ms']:.1f}", f"{r['tokens_per_forward']:.2f}"]
+        cells = [str(r["generated"]), str(r["pool_keys"]), str(r["lookup_keys"]), f"{r['step_ms']:.1f}"]
+        cells += [f"{r['step_ms_max']:.1f}", f"{r['tokens_per_forward']:.2f}"]
         cells.append(f"{r['rss_mib']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -340,9 +311,7 @@ def plot(ctx_rows: list[dict[str, Any]], samples: list[dict[str, Any]], path: Pa
         ax.legend(fontsize=8)
         ax.grid(True, linewidth=0.4, alpha=0.5)
         ax = axes[1][1]
-        ax.plot(xs, [s["drafting_ms"] for s in samples], ",", alpha=0.5, label="drafting per step")
-        ax.plot(xs, [s["step_ms"] for s in samples], ",", alpha=0.5, label="whole step")
-        ax.set_yscale("log")
+        ax.plot(xs, [s["step_ms"] for s in samples], ",", alpha=0.5, label="engine step")
         ax.set_xlabel("generated tokens")
         ax.set_ylabel("ms")
         ax.legend(fontsize=8, markerscale=20)
@@ -353,10 +322,10 @@ def plot(ctx_rows: list[dict[str, Any]], samples: list[dict[str, Any]], path: Pa
     plt.close(fig)
 
 
-def run_child(args: argparse.Namespace, job: str) -> list[dict[str, Any]] | None:
+def run_child(argv: list[str], job: str) -> list[dict[str, Any]] | None:
     with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:
         rf = Path(tmp) / "r.json"
-        cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--worker", job, "--result-file", str(rf)]
+        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", job, "--result-file", str(rf)]
         rc = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr).returncode
         if rc == 0 and rf.exists():
             return json.loads(rf.read_text())
@@ -365,19 +334,20 @@ def run_child(args: argparse.Namespace, job: str) -> list[dict[str, Any]] | None
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
         return worker(args)
     from tqdm import tqdm
 
-    os.environ.update(cpu_runtime.environment())
+    runtime = bench.apply_runtime("project")
     jobs = [f"context:{d}" for d in args.dtype_list]
     if args.gen_tokens:
         jobs.append(f"generation:{args.dtype_list[0]}")
     ctx_raw: list[dict[str, Any]] = []
     samples: list[dict[str, Any]] = []
     for job in tqdm(jobs, desc="engines", file=sys.stderr):
-        res = run_child(args, job)
+        res = run_child(argv, job)
         if res is None:
             return 1
         if job.startswith("context"):
@@ -386,11 +356,10 @@ def main(argv: list[str] | None = None) -> int:
             samples = res[0]["samples"]
     ctx_rows = summarise_contexts(ctx_raw)
     gen_rows = summarise_generation(samples)
-    runtime = cpu_runtime.describe({})
     print(f"\n### Tokens per forward and step cost against context (batch 1, {args.new_tokens} tokens; {runtime})\n")
     print(context_table(ctx_rows))
     if gen_rows:
-        print(f"\n### Memory and drafting against generated length ({args.dtype_list[0]}, one request)\n")
+        print(f"\n### Memory and step time against generated length ({args.dtype_list[0]}, one request)\n")
         print(generation_table(gen_rows))
     bad = [r for r in ctx_rows if r["dtype"] == "float32" and r["identical"] < r["prompts"]]
     for r in bad:
@@ -403,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     plot(ctx_rows, samples, png, title)
     print(f"\nchart: {png}")
     settings = vars(args) | {"worker": None, "result_file": None}
-    append_jsonl(out / f"{stem}.jsonl", settings, ctx_rows + [{"kind": "generation", "rows": gen_rows}])
+    bench.append_jsonl(out / f"{stem}.jsonl", settings, ctx_rows + [{"kind": "generation", "rows": gen_rows}])
     return 1 if bad else 0
 
 

@@ -1,11 +1,25 @@
-"""Compare speculative methods in vLLM (offline `LLM`) on the same real prompts.
+"""Compare speculative methods in vLLM (offline `LLM`) on the same real prompts, in interleaved rounds.
 
-    python benchmarks/bench_methods.py --methods none,ngram,suffix --datasets humaneval,sharegpt
+    python benchmarks/bench_methods.py                      # none,ngram,suffix,lookahead x humaneval,sharegpt
+    python benchmarks/bench_methods.py --eager --concurrency 16 --num-prompts 32 --max-tokens 96 \
+        --range-ratio 0.5 --rounds 5 --methods none,suffix,lookahead
 
-Each method runs in a fresh subprocess (this script with `--worker METHOD`), so engines never overlap in
-memory and a crash in one method is reported as a row, not fatal. Prints a markdown table, saves a PNG chart
-and appends one JSON line per (dataset, method) to a JSONL file; both are named after the run settings.
-See benchmarks/README.md for the columns.
+Each method's engine starts once, in a worker process of its own (this script with `--worker METHOD`), and stays up:
+every round, each set's methods run one after another on the same prompts, in an order rotated by one each round,
+so that a round's ratios compare runs well under a minute apart (a shared machine's speed drifts by 20% and more
+over minutes). Between its turns a worker's processes, its engine's among them, are stopped (SIGSTOP), so that the
+idle engines take no CPU from the one being timed. Every round takes the next `--num-prompts` prompts of each set:
+methods that learn from earlier outputs (suffix decoding, lookahead's suffix trees) hold the earlier rounds' outputs
+of other prompts, as a server that has run a while does, never the measured prompts' own. HumanEval's 164 problems
+bound --rounds x --num-prompts. A method that crashes or is rejected becomes a `failed` / `skipped` row.
+
+`--fresh-engines`: the mode before interleaving, for engines that must not share memory: each round starts every
+method's engine afresh and closes it after its turn, on the same prompts every round.
+
+Prints per set and method the median over rounds of its tokens/s over plain decoding's in the same round (with the
+lowest and highest), tokens per forward, drafts a step and acceptance pooled over all rounds, and per round which
+method was the fastest; saves a PNG and appends the rows (each with all its rounds) to a JSONL file named after the
+settings. See benchmarks/README.md for the columns.
 """
 
 from __future__ import annotations
@@ -25,68 +39,20 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
-
-from vllm_lookahead.tools import cpu_runtime
+from vllm_lookahead.tools import bench
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-# method name -> speculative_config (None: plain decoding)
-METHODS: dict[str, dict[str, Any] | None] = {
-    "none": None,
-    # Plain decoding with this plugin not loaded (VLLM_PLUGINS excludes it): shows the plugin changes nothing
-    # for runs that do not ask for lookahead.
-    "none-noplugin": None,
-    # Plain decoding without vLLM's async scheduling, which vLLM turns on for plain decoding only (never for ngram,
-    # suffix or lookahead): whether the overlap pays on this machine, against none in one run.
-    "none-sync": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
-    "suffix": {"method": "suffix", "num_speculative_tokens": 8},
-    # Provided by this plugin (its defaults; --lookahead-config overrides keys).
-    "lookahead": {"method": "lookahead"},
-    # Lookahead with the tree rows' attention on the plain-torch reference path (VLLM_LOOKAHEAD_TREE_KERNEL=0): the
-    # compiled kernel's before/after in one run.
-    "lookahead-reference": {"method": "lookahead"},
-    # Lookahead without token recycling (the source's before/after in one run).
-    "lookahead-norecycle": {"method": "lookahead", "recycle_candidates": 0},
-    # Lookahead without prompt lookup (its suffix trees cover the same text): the source's before/after in one run.
-    "lookahead-nolookup": {"method": "lookahead", "lookup_candidates": 0},
-    # Lookahead with its step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's
-    # before/after in one run.
-    "lookahead-line": {"method": "lookahead"},
-    # Lookahead as it is, a second time in each round: an A/A control, the noise floor of a comparison in one run.
-    "lookahead-twin": {"method": "lookahead"},
-    # Lookahead that drafts nothing from 2 concurrent requests on (a 2-token step budget, x0s included): what the
-    # plugin costs a batch by itself (its states still learn every step) against plain decoding.
-    "lookahead-nodraft": {"method": "lookahead", "step_token_budget": 2},
-    # Lookahead with a suffix corpus (`suffix_corpus`): ChatGPT's first answers of CORPUS_ANSWERS ShareGPT
-    # conversations apart from every benchmark prompt (`prompts.sharegpt_answers`), written once by `corpus_file`.
-    "lookahead-corpus": {"method": "lookahead"},
-}
-CORPUS_ANSWERS = 2000
-# method -> (module that must be importable, how to get it)
-REQUIRES: dict[str, tuple[str, str]] = {
-    "suffix": ("arctic_inference", "pip install arctic-inference==0.3.0 --no-deps"),
-}
-DEFAULT_METHODS = "none,ngram,suffix,lookahead"
-DATASETS = ("humaneval", "sharegpt")
-# Repetitive, so speculative methods draft and verify during warm-up; unrelated to the datasets, so methods
-# that learn from earlier outputs (suffix) gain nothing on the measured prompts.
+# Repetitive, so speculative methods draft and verify during warm-up; unrelated to the datasets, so methods that learn
+# from earlier outputs (suffix) gain nothing on the measured prompts.
 WARMUP_PROMPT = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,"
-SPEC_COUNTERS = {
-    "drafts": "vllm:spec_decode_num_drafts",
-    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
-    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
-}
-SPEC_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
-def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argparse.Namespace:
-    """The flags; `doc`: the help's description (another script's, for one that shares them)."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
-    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
-    p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=bench.DEFAULT_METHODS, help=f"comma list from: {', '.join(bench.METHODS)}")
+    p.add_argument("--datasets", default=",".join(bench.DATASETS), help="comma list from: " + ", ".join(bench.DATASETS))
+    p.add_argument("--num-prompts", type=int, default=10, help="prompts per dataset and round")
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt")
     p.add_argument(
         "--range-ratio",
@@ -95,8 +61,7 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
         help="0: every prompt gets --max-tokens; R in (0, 1): prompt i gets a length drawn uniformly from "
         "[max_tokens * (1 - R), max_tokens * (1 + R)] (seeded: the same for every method), as vLLM's "
         "`vllm bench serve --random-range-ratio` varies output lengths. With one length for all, a batch's "
-        "requests finish together and the next ones are admitted together, which favours plain decoding (see "
-        "benchmarks/README.md)",
+        "requests finish together and the next ones are admitted together, which favours plain decoding",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with none)")
     p.add_argument("--top-p", type=float, default=1.0, help="top-p of sampled requests")
@@ -107,7 +72,7 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
         help="1: one request at a time, each timed end to end; N>1: all prompts at once, max_num_seqs=N",
     )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    p.add_argument("--model", default=None, help="a registered model name or a folder (default: the embedded model)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument(
         "--eager",
@@ -115,7 +80,7 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
         default=False,
         help="enforce_eager (default: compiled; the first compiled start takes about 80 s, cached after)",
     )
-    p.add_argument("--lookahead-config", default=None, help="JSON merged into lookahead's speculative_config")
+    p.add_argument("--lookahead-config", default=None, help="JSON merged into every lookahead method's config")
     p.add_argument(
         "--runtime",
         default="project",
@@ -127,24 +92,27 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
         "--rounds",
         type=int,
         default=1,
-        help="run every method this many times, round by round (each round's order rotated by one method); each "
-        "cell is the round with the median ratio to "
-        "that round's none (the lower middle one for an even number): the machine's slow spells then weigh on "
-        "the ratios, not on one method",
+        help="rounds of every method (order rotated by one a round); each cell is the round with the median ratio to "
+        "that round's none (the lower middle one for an even number)",
     )
-    p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
-    # Internal: run one method and write its raw results as JSON.
+    p.add_argument(
+        "--fresh-engines",
+        action="store_true",
+        help="start each method's engine afresh every round, alone in memory, on the same prompts every round",
+    )
+    p.add_argument("--out", default=bench.RESULTS, help="folder for the PNG and the JSONL")
+    # Internal: a method's live worker and the file its results go to.
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.method_list = [m.strip() for m in args.methods.split(",") if m.strip()]
     args.dataset_list = [d.strip() for d in args.datasets.split(",") if d.strip()]
     for m in args.method_list:
-        if m not in METHODS:
-            p.error(f"unknown method '{m}'; known: {', '.join(METHODS)}")
+        if m not in bench.METHODS:
+            p.error(f"unknown method '{m}'; known: {', '.join(bench.METHODS)}")
     for d in args.dataset_list:
-        if d not in DATASETS:
-            p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
+        if d not in bench.DATASETS:
+            p.error(f"unknown dataset '{d}'; known: {', '.join(bench.DATASETS)}")
     if min(args.concurrency, args.num_prompts, args.max_tokens, args.rounds) < 1:
         p.error("--concurrency, --num-prompts, --max-tokens and --rounds must be positive")
     if not 0 <= args.range_ratio < 1:
@@ -158,69 +126,19 @@ def parse_args(argv: list[str] | None = None, doc: str | None = __doc__) -> argp
             p.error(f"--lookahead-config is not JSON: {e}")
         if not isinstance(extra, dict):
             p.error("--lookahead-config must be a JSON object")
+    taken = args.num_prompts * (1 if args.fresh_engines else args.rounds)
+    if "humaneval" in args.dataset_list and taken > bench.HUMANEVAL_SIZE:
+        p.error(f"--rounds x --num-prompts is {taken}: HumanEval has {bench.HUMANEVAL_SIZE} prompts, and every round "
+                "takes new ones")  # fmt: skip
     return args
 
 
-def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] | None:
-    spec = METHODS[method]
-    if spec is None:
-        return None
-    spec = dict(spec)
-    if method == "lookahead-corpus":
-        spec["suffix_corpus"] = str(corpus_file(CORPUS_ANSWERS))
-    if method.startswith("lookahead") and args.lookahead_config:
-        spec.update(json.loads(args.lookahead_config))
-    return spec
-
-
-def corpus_file(n: int) -> Path:
-    """A JSON Lines suffix corpus of n ShareGPT answers apart from the benchmark prompts, written on first use."""
-    from vllm_lookahead.tools.prompts import sharegpt_answers
-
-    path = Path.home() / ".cache" / "vllm-lookahead" / f"corpus_sharegpt_answers_{n}.jsonl"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(a) + "\n" for a in sharegpt_answers(n)), encoding="utf-8")
-        tmp.replace(path)
-    return path
-
-
-def model_path(args: argparse.Namespace) -> str:
-    if args.model:
-        return str(args.model)
-    from vllm_lookahead.tools.models import default_model_path
-
-    return default_model_path()
+def prompt_round(args: argparse.Namespace, r: int) -> int:
+    """Whose prompts round r takes: its own (interleaved), or the first round's (fresh engines)."""
+    return 0 if args.fresh_engines else r
 
 
 # ----------------------------------------------------------------------------------------------- worker side
-
-
-def load_prompts(dataset: str, n: int, tokenizer: Any) -> list[str]:
-    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
-
-    if dataset == "humaneval":
-        return humaneval_prompts(n)  # raw code completion
-    return [as_chat(tokenizer, text) for text in sharegpt_prompts(n)]
-
-
-def spec_counters(llm: Any) -> dict[str, Any]:
-    """Speculative-decoding counters summed over engines (label sets); zeros when the engine has none."""
-    from vllm.v1.metrics.reader import Counter, Vector
-
-    totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS}
-    per_pos: list[int] = []
-    names = {name: key for key, name in SPEC_COUNTERS.items()}
-    for metric in llm.get_metrics():
-        if isinstance(metric, Counter) and metric.name in names:
-            totals[names[metric.name]] += metric.value
-        elif isinstance(metric, Vector) and metric.name == SPEC_PER_POS:
-            per_pos += [0] * (len(metric.values) - len(per_pos))
-            for i, v in enumerate(metric.values):
-                per_pos[i] += v
-    totals["accepted_per_pos"] = per_pos
-    return totals
 
 
 def length_bounds(args: argparse.Namespace) -> tuple[int, int]:
@@ -252,7 +170,7 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
         SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=n)
         for n in output_lengths(args, len(prompts))
     ]
-    before = spec_counters(llm)
+    before = bench.spec_counters(llm)
     per_prompt: list[dict[str, Any]] = []
     token_ids: list[list[int]] = []
     if args.concurrency == 1:
@@ -263,8 +181,8 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
             dt = time.perf_counter() - t0
             elapsed += dt
             token_ids.append(list(out.outputs[0].token_ids))
-            n_prompt, n_out = len(out.prompt_token_ids), len(token_ids[-1])
-            per_prompt.append({"prompt_tokens": n_prompt, "output_tokens": n_out, "time_s": dt})
+            per_prompt.append({"prompt_tokens": len(out.prompt_token_ids), "output_tokens": len(token_ids[-1]),
+                               "time_s": dt})  # fmt: skip
     else:
         print(f"{label}: {len(prompts)} prompts at once", file=sys.stderr)
         t0 = time.perf_counter()
@@ -272,13 +190,8 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
         elapsed = time.perf_counter() - t0
         for out in outs:
             token_ids.append(list(out.outputs[0].token_ids))
-            n_prompt, n_out = len(out.prompt_token_ids), len(token_ids[-1])
-            per_prompt.append({"prompt_tokens": n_prompt, "output_tokens": n_out})
-    after = spec_counters(llm)
-    spec = {key: after[key] - before[key] for key in SPEC_COUNTERS}
-    pos_after, pos_before = after["accepted_per_pos"], before["accepted_per_pos"]
-    pos_before = pos_before + [0] * (len(pos_after) - len(pos_before))
-    spec["accepted_per_pos"] = [a - b for a, b in zip(pos_after, pos_before, strict=True)]
+            per_prompt.append({"prompt_tokens": len(out.prompt_token_ids), "output_tokens": len(token_ids[-1])})
+    spec = bench.counters_since(before, bench.spec_counters(llm))
     return {
         "status": "ok",
         "output_tokens": sum(p["output_tokens"] for p in per_prompt),
@@ -289,35 +202,21 @@ def run_dataset(llm: Any, prompts: list[str], args: argparse.Namespace, label: s
     }
 
 
-def engine_options(method: str) -> dict[str, Any]:
-    """The method's `LLM` arguments beside the shared ones."""
-    return {"async_scheduling": False} if method == "none-sync" else {}
-
-
 def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """The method's warmed-up engine and its result so far (status, spec_config); the engine is None when the method
     is skipped or its engine did not start (the result says why)."""
-    if args.temperature > 0:
-        # vLLM 0.32's CPU rejection sampler spreads uninitialised temperatures over the drafts (README, "Which
-        # requests use it"); lookahead never relies on it, and this fixes it for ngram and suffix too.
-        os.environ["VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"] = "1"
-    if method == "none-noplugin":
-        os.environ["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin
-    if method == "lookahead-reference":
-        os.environ["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
-    if method == "lookahead-line":
-        os.environ["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
-    result: dict[str, Any] = {"method": method, "spec_config": speculative_config(method, args)}
-    if method in REQUIRES:
-        module, how = REQUIRES[method]
+    os.environ.update(bench.method_environment(method, sampled=args.temperature > 0))
+    result: dict[str, Any] = {"method": method, "spec_config": bench.speculative_config(method, args.lookahead_config)}
+    if method in bench.REQUIRES:
+        module, how = bench.REQUIRES[method]
         if importlib.util.find_spec(module) is None:
             return None, {**result, "status": "skipped", "reason": f"{module} is not installed ({how})"}
 
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
     try:
         llm = LLM(
-            model=model_path(args),
+            model=bench.model_path(args.model),
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=args.concurrency,
@@ -325,7 +224,7 @@ def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, 
             enforce_eager=args.eager,
             disable_log_stats=False,  # get_metrics() needs the stat loggers
             speculative_config=result["spec_config"],
-            **engine_options(method),
+            **bench.engine_options(method),
         )
     except Exception as e:  # report it and go on with the other methods
         text = _one_line(e)
@@ -333,12 +232,8 @@ def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, 
         if rejected:
             return None, {**result, "status": "skipped", "reason": f"engine rejected it: {text}"}
         return None, {**result, "status": "failed", "reason": f"engine did not start: {text}"}
-
-    from vllm import SamplingParams
-
     # Warm up in the measured mode: N concurrent requests when --concurrency N.
-    warmup = [WARMUP_PROMPT] * args.concurrency
-    llm.generate(warmup, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
+    llm.generate([WARMUP_PROMPT] * args.concurrency, SamplingParams(temperature=0.0, max_tokens=32), use_tqdm=False)
     return llm, {**result, "status": "ok"}
 
 
@@ -349,21 +244,33 @@ def measure(llm: Any, method: str, dataset: str, prompts: list[str], args: argpa
     except Exception as e:
         data = {"status": "failed", "reason": _one_line(e)}
     if method.startswith("lookahead"):
-        # the worker's counters after this dataset: the step-cost line its sizing used, acceptance per source
+        # the worker's counters after this dataset: the step-cost fit its sizing used, acceptance per source
         data["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
     return data
 
 
-def worker(args: argparse.Namespace) -> int:
-    method = args.worker
-    llm, result = start_engine(method, args)
-    if llm is not None:
-        tokenizer = llm.get_tokenizer()
-        result["datasets"] = {
-            d: measure(llm, method, d, load_prompts(d, args.num_prompts, tokenizer), args) for d in args.dataset_list
-        }
-    Path(args.result_file).write_text(json.dumps(result))
+def serve(args: argparse.Namespace) -> int:
+    """A live worker: start the method's engine, write its start result to --result-file, then run one command a line
+    from stdin ("ROUND DATASET": that round's prompts of the set, the result written to <result-file>.ROUND.DATASET)
+    until stdin ends."""
+    llm, result = start_engine(args.worker, args)
+    _write(Path(args.result_file), result)
+    if llm is None:
+        return 0
+    tokenizer = llm.get_tokenizer()
+    while line := sys.stdin.readline():
+        round_index, dataset = line.split()
+        r, n = int(round_index), args.num_prompts
+        prompts = bench.set_prompts(dataset, (prompt_round(args, r) + 1) * n, tokenizer)[prompt_round(args, r) * n :]
+        _write(Path(f"{args.result_file}.{r}.{dataset}"), measure(llm, args.worker, dataset, prompts, args))
     return 0
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    """Whole or not at all: the parent polls for the file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def _one_line(e: BaseException, limit: int = 400) -> str:
@@ -374,50 +281,153 @@ def _one_line(e: BaseException, limit: int = 400) -> str:
 # ------------------------------------------------------------------------------------------------- main side
 
 
-def run_child(cmd: list[str]) -> tuple[int, str]:
-    """Run cmd with its output forwarded to our stderr as it comes; return its exit code and output tail.
+class LiveWorker:
+    """One method's worker process: started once, then asked for one (round, dataset) run at a time; its processes
+    stopped between turns."""
 
-    The child gets a session of its own so that, once it exits, whatever it left behind (an engine core whose
-    parent crashed waits minutes before giving up) is ended with it and cannot hold memory or our pipe.
-    """
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    assert proc.stdout is not None
-    stream, tail = proc.stdout, bytearray()
+    def __init__(self, method: str, argv: list[str], folder: Path, cmd: list[str] | None = None) -> None:
+        self.method = method
+        self.base = folder / f"{method}.json"
+        for old in folder.glob(f"{method}.json*"):  # a fresh engine of an earlier round left its files
+            old.unlink()
+        script = [sys.executable, os.path.abspath(__file__), *argv]
+        cmd = [*(cmd or script), "--worker", method, "--result-file", str(self.base)]
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.tail = bytearray()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+        # the start's result (status, spec_config); `result` then follows the worker's state
+        self.start = self._wait(self.base) or {"method": method, "status": "failed", "reason": self._died()}
+        self.result = self.start
+        self._signal(signal.SIGSTOP)
 
-    def pump() -> None:
-        while chunk := stream.read1(65536):
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.buffer.flush()
-            tail.extend(chunk)
-            del tail[:-4000]
+    def resume(self) -> None:
+        """Lets the worker's processes run again (they are stopped between turns)."""
+        self._signal(signal.SIGCONT)
 
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        rc = proc.wait()
-    finally:
+    def _signal(self, sig: signal.Signals) -> None:
+        """To the worker's process group: its engine's processes too (they inherit it; the worker leads its own)."""
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
-    reader.join(timeout=10)
-    return rc, bytes(tail).decode(errors="replace")
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := self.proc.stdout.read1(65536):
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.buffer.flush()
+            self.tail.extend(chunk)
+            del self.tail[:-4000]
+
+    def _wait(self, path: Path) -> dict[str, Any] | None:
+        while not path.exists():
+            if self.proc.poll() is not None:
+                return None
+            time.sleep(0.1)
+        return json.loads(path.read_text())
+
+    def _died(self) -> str:
+        rc = self.proc.wait()
+        lines = [line for line in bytes(self.tail).decode(errors="replace").replace("\r", "\n").splitlines() if line]
+        how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+        return f"worker {how}" + (f"; its last output: {lines[-1].strip()[:300]}" if lines else "")
+
+    @property
+    def live(self) -> bool:
+        return self.result["status"] == "ok" and self.proc.poll() is None
+
+    def run(self, round_index: int, dataset: str) -> dict[str, Any]:
+        if not self.live:
+            return {"status": "failed", "reason": self.result.get("reason", "worker not running")}
+        assert self.proc.stdin is not None
+        self.resume()
+        self.proc.stdin.write(f"{round_index} {dataset}\n".encode())
+        self.proc.stdin.flush()
+        data = self._wait(Path(f"{self.base}.{round_index}.{dataset}"))
+        self._signal(signal.SIGSTOP)
+        if data is None:
+            self.result = {**self.result, "status": "failed", "reason": self._died()}
+            return {"status": "failed", "reason": self.result["reason"]}
+        return data
+
+    def close(self) -> None:
+        self.resume()
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (subprocess.TimeoutExpired, BrokenPipeError):
+            pass
+        finally:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._reader.join(timeout=10)
 
 
-def run_method(method: str, argv: list[str]) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="bench-methods-") as tmp:
-        result_file = Path(tmp) / "result.json"
-        cmd = [sys.executable, os.path.abspath(__file__), *argv, "--worker", method]
-        rc, tail = run_child(cmd + ["--result-file", str(result_file)])
-        if result_file.exists():
-            return json.loads(result_file.read_text())
-    lines = [line for line in tail.replace("\r", "\n").splitlines() if line.strip()]
-    how = f"was killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
-    reason = f"worker {how}" + (f"; its last output: {lines[-1].strip()[:300]}" if lines else "")
-    return {"method": method, "status": "failed", "reason": reason}
+def run_order(methods: list[str], round_index: int) -> list[str]:
+    """The methods in round `round_index`'s order: the list rotated by one a round, so that no method holds one slot
+    in every round (the machine's state may differ between the first and the last turn of a round)."""
+    k = round_index % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def run_rounds(
+    args: argparse.Namespace, argv: list[str], folder: Path, cmd: list[str] | None = None
+) -> list[dict[str, dict[str, Any]]]:
+    """Every round's results per method ({method: start result with "datasets": {set: data}}), interleaved (the
+    engines started once) or with fresh engines (started and closed in each method's turn). `cmd`: the workers'
+    command (default: this script)."""
+    workers: dict[str, LiveWorker] = {}
+    rounds: list[dict[str, dict[str, Any]]] = []
+
+    def start(method: str) -> LiveWorker:
+        print(f"=== starting {method} ===", file=sys.stderr)
+        w = workers[method] = LiveWorker(method, argv, folder, cmd)
+        if w.start["status"] != "ok":
+            print(f"{method}: {w.start['status']}: {w.start.get('reason', '')}")
+        return w
+
+    try:
+        if not args.fresh_engines:
+            for method in args.method_list:  # one at a time: engines start faster alone
+                start(method)
+        for r in range(args.rounds):
+            datasets: dict[str, dict[str, Any]] = {m: {} for m in args.method_list}
+            starts: dict[str, dict[str, Any]] = {}
+            turns = (
+                [(m, args.dataset_list) for m in run_order(args.method_list, r)]
+                if args.fresh_engines
+                else [(m, [d]) for d in args.dataset_list for m in run_order(args.method_list, r)]
+            )
+            for method, sets in turns:
+                w = start(method) if args.fresh_engines else workers[method]
+                for dataset in sets:
+                    print(f"=== {method}/{dataset} (round {r + 1} of {args.rounds}) ===", file=sys.stderr)
+                    datasets[method][dataset] = data = w.run(r, dataset)
+                    if data["status"] != "ok" and w.start["status"] == "ok":
+                        print(f"{method}/{dataset}: {data['status']}: {data.get('reason', '')}")
+                starts[method] = w.start
+                if args.fresh_engines:
+                    w.close()
+            rounds.append({m: {**s, "datasets": datasets[m]} if s["status"] == "ok" else s for m, s in starts.items()})
+    finally:
+        for w in workers.values():  # all resumed first: a stopped worker would outlive an error in a close
+            w.resume()
+        for w in workers.values():
+            try:
+                w.close()
+            except Exception as e:  # the others still close
+                print(f"{w.method}: closing its worker failed: {e}", file=sys.stderr)
+    return rounds
 
 
 def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One round's rows, one per (dataset, method), each against the round's plain decoding (`none`)."""
     rows: list[dict[str, Any]] = []
     for dataset in args.dataset_list:
         base = results.get("none", {}).get("datasets", {}).get(dataset, {})
@@ -425,8 +435,7 @@ def build_rows(args: argparse.Namespace, results: dict[str, dict[str, Any]]) -> 
         for method in args.method_list:
             res = results[method]
             data = res.get("datasets", {}).get(dataset) if res["status"] == "ok" else None
-            row: dict[str, Any] = {"dataset": dataset, "method": method}
-            row["spec_config"] = res.get("spec_config")
+            row: dict[str, Any] = {"dataset": dataset, "method": method, "spec_config": res.get("spec_config")}
             if data is None or data["status"] != "ok":
                 row.update(status=res["status"] if data is None else data["status"])
                 row["reason"] = (data or res).get("reason", "")
@@ -459,8 +468,7 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     median tokens/s), with every round's ratio and tokens/s beside it and the fewest identical outputs of any
     round. Tokens per forward, drafts a step and acceptance (overall and by position) are pooled over all rounds
     instead (each round's own tokens per forward in `tokens_per_forward_rounds`): every method ran every round's
-    prompts, while each method's median round may be another round, with other prompts, so the median round's
-    would compare different texts."""
+    prompts, while each method's median round may be another round, with other prompts."""
     if len(rounds) == 1:
         return rounds[0]
     rows = []
@@ -509,7 +517,17 @@ def pooled_counts(cells: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _fmt(value: Any, spec: str) -> str:
+def fastest(rows: list[dict[str, Any]], datasets: list[str]) -> dict[str, str]:
+    """Per dataset, the method with the most tokens/s in one round's rows."""
+    out = {}
+    for d in datasets:
+        ok = [r for r in rows if r["dataset"] == d and r["status"] == "ok"]
+        if ok:
+            out[d] = max(ok, key=lambda r: r["tokens_per_s"])["method"]
+    return out
+
+
+def fmt(value: Any, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
@@ -545,10 +563,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
                 str(r["output_tokens"]),
                 f"{r['time_s']:.2f}",
                 f"{r['tokens_per_s']:.1f}",
-                _fmt(r.get("vs_none"), ".2f") + _spread(r.get("vs_none_rounds")),
+                fmt(r.get("vs_none"), ".2f") + _spread(r.get("vs_none_rounds")),
                 f"{r['tokens_per_forward']:.2f}",
                 f"{r['drafts_per_step']:.1f}",
-                _fmt(r["acceptance"], ".2f"),
+                fmt(r["acceptance"], ".2f"),
                 _per_pos(r["accepted_per_pos"]),
                 identical,
             ]
@@ -556,7 +574,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path, title: str) -> bool:
+def save_chart(rows: list[dict[str, Any]], rounds: list[list[dict[str, Any]]], args: argparse.Namespace, path: Path,
+               title: str) -> bool:  # fmt: skip
+    """Left: each method's tokens/s over plain decoding's (the median round, a bar per set), with every round's as
+    dots; right: tokens per target forward (pooled)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -571,18 +592,23 @@ def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path,
     panels = [("vs_none", "tokens/s relative to none"), ("tokens_per_forward", "tokens per target forward")]
     for ax, (key, label) in zip(axes, panels, strict=True):
         for j, method in enumerate(methods):
-            xs, ys = [], []
+            xs, ys, dots = [], [], []
             for i, dataset in enumerate(args.dataset_list):
+                x = i + (j - (len(methods) - 1) / 2) * width
                 for r in ok:
                     if r["dataset"] == dataset and r["method"] == method and r.get(key) is not None:
-                        xs.append(i + (j - (len(methods) - 1) / 2) * width)
+                        xs.append(x)
                         ys.append(r[key])
+                        if key == "vs_none" and len(rounds) > 1:
+                            dots += [(x, v) for v in r.get("vs_none_rounds", []) if v is not None]
             bars = ax.bar(xs, ys, width, label=method)
             ax.bar_label(bars, fmt="%.2f", fontsize=8)
+            if dots:
+                ax.plot(*zip(*dots, strict=True), "k.", markersize=3)
         ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         ax.set_xticks(range(len(args.dataset_list)), args.dataset_list)
         ax.set_ylabel(label)
-        ax.set_title(label)
+        ax.set_title(label + (" (median round; dots: every round)" if key == "vs_none" and len(rounds) > 1 else ""))
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(methods), frameon=False)
     fig.suptitle(title, fontsize=10)
@@ -593,91 +619,64 @@ def save_chart(rows: list[dict[str, Any]], args: argparse.Namespace, path: Path,
     return True
 
 
-def apply_runtime(args: argparse.Namespace) -> str:
-    """Set the runtime the workers start under (as a user's shell would); the line that says which it is."""
-    if args.runtime == "project":
-        os.environ.update(cpu_runtime.environment())
-    kernel = "off" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "on"
-    return f"{cpu_runtime.describe({})}; tree kernel {kernel}"
-
-
 def run_stem(args: argparse.Namespace) -> str:
-    mode = "eager" if args.eager else "compiled"
+    """A result's file name: the methods, sets and settings, the rounds, and the mode if not interleaved."""
     return (
-        f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}_{mode}"
-        f"_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
+        f"methods_{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_{args.dtype}"
+        f"_{'eager' if args.eager else 'compiled'}_c{args.concurrency}_n{args.num_prompts}_t{args.max_tokens}"
         + (f"_r{args.range_ratio:g}" if args.range_ratio > 0 else "")
         + (f"_T{args.temperature:g}_p{args.top_p:g}" if args.temperature > 0 else "")
         + ("_vllm-runtime" if args.runtime == "vllm" else "")
         + ("_tree-kernel-off" if os.environ.get("VLLM_LOOKAHEAD_TREE_KERNEL") == "0" else "")
+        + f"_R{args.rounds}"
+        + ("_fresh" if args.fresh_engines else "")
     )
-
-
-def run_order(methods: list[str], round_index: int) -> list[str]:
-    """The methods in round `round_index`'s order: the list rotated by one a round, so that no method holds one slot
-    in every round (the machine's state may differ between the first and the last worker of a round)."""
-    k = round_index % len(methods)
-    return methods[k:] + methods[:k]
 
 
 def run_settings(args: argparse.Namespace, model: str, runtime: str) -> dict[str, Any]:
     """The settings a results JSONL line records beside its rows."""
-    return {
-        "model": model,
-        "dtype": args.dtype,
-        "eager": args.eager,
-        "concurrency": args.concurrency,
-        "num_prompts": args.num_prompts,
-        "max_tokens": args.max_tokens,
-        "range_ratio": args.range_ratio,
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "runtime": runtime,
-        "rounds": args.rounds,
-        "max_model_len": args.max_model_len,
-        "cpu_count": os.cpu_count(),
-    }
+    keys = ("dtype", "eager", "concurrency", "num_prompts", "max_tokens", "range_ratio", "temperature", "top_p",
+            "rounds", "fresh_engines", "max_model_len")  # fmt: skip
+    return {"model": model, **{k: getattr(args, k) for k in keys}, "runtime": runtime, "cpu_count": os.cpu_count()}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
-        return worker(args)
-
-    model = model_path(args)  # prepare the default model once, before the workers need it
-    runtime = apply_runtime(args)
-    rounds: list[list[dict[str, Any]]] = []
-    for r in range(args.rounds):
-        results: dict[str, dict[str, Any]] = {}
-        for method in run_order(args.method_list, r):
-            print(f"=== {method}" + (f" (round {r + 1} of {args.rounds})" if args.rounds > 1 else "") + " ===",
-                  file=sys.stderr)  # fmt: skip
-            results[method] = run_method(method, argv)
-        for method, res in results.items():
-            if res["status"] != "ok":
-                print(f"{method}: {res['status']}: {res.get('reason', '')}")
-            for dataset, data in res.get("datasets", {}).items():
-                if data["status"] != "ok":
-                    print(f"{method}/{dataset}: {data['status']}: {data.get('reason', '')}")
-        rounds.append(build_rows(args, results))
+        return serve(args)
+    model = bench.model_path(args.model)  # prepared once, before the workers need it
+    runtime = bench.apply_runtime(args.runtime)
+    # SIGTERM (e.g. `timeout`) ends through run_rounds' cleanup, which resumes and closes the stopped workers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with tempfile.TemporaryDirectory(prefix="bench-methods-") as tmp:
+        results = run_rounds(args, argv, Path(tmp))
+    rounds = [build_rows(args, res) for res in results]
+    winners = [fastest(rows, args.dataset_list) for rows in rounds]
     rows = median_rows(rounds)
     mode = "eager" if args.eager else "compiled"
     how = "greedy" if args.temperature == 0 else f"temperature {args.temperature:g}, top-p {args.top_p:g}"
+    interleaving = "fresh engines" if args.fresh_engines else "interleaved"
     title = (
-        f"{Path(model).name}, {args.dtype}, {mode}, {how}, concurrency {args.concurrency}, "
-        f"{args.num_prompts} prompts x {tokens_label(args)};\n{runtime}"
+        f"{Path(model).name}, {args.dtype}, {mode}, {how}, concurrency {args.concurrency}, {interleaving}, "
+        f"{args.rounds} round(s) of {args.num_prompts} prompts x {tokens_label(args)};\n{runtime}"
     )
     print(f"\n{title}\n")
     print(markdown_table(rows))
-
+    if args.rounds > 1:
+        print()
+        for dataset in args.dataset_list:
+            order = [w.get(dataset, "-") for w in winners]
+            counts = ", ".join(f"{m} {order.count(m)}" for m in args.method_list if m in order)
+            print(f"{dataset}: fastest by round: {', '.join(order)} ({counts})")
+    for row in rows:
+        row["fastest_by_round"] = [w.get(row["dataset"]) for w in winners]
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = run_stem(args)
     png, jsonl = out_dir / f"{stem}.png", out_dir / f"{stem}.jsonl"
-    if save_chart(rows, args, png, title):
+    if save_chart(rows, rounds, args, png, title):
         print(f"\nchart: {png}")
-    append_jsonl(jsonl, run_settings(args, model, runtime), rows)
+    bench.append_jsonl(jsonl, run_settings(args, model, runtime), rows)
     return 0
 
 

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
+from vllm_lookahead.tools.bench import RESULTS, append_jsonl
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -32,11 +32,11 @@ NEAR_TIE = 0.1  # nats between the reference's best and second-best token
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="a registered model name (vllm_lookahead.tools.models); default: embedded")
+    p.add_argument("--model", default=None, help="a registered model name (tools.models); default: embedded")
     p.add_argument("--num-prompts", type=int, default=120, help="half HumanEval, half ShareGPT")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--concurrency", type=int, default=16, help="max_num_seqs of every engine")
-    p.add_argument("--out", default="benchmarks/results/")
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     if args.num_prompts < 2 or args.max_tokens < 1:
         p.error("--num-prompts >= 2 and --max-tokens >= 1")

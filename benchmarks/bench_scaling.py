@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
+from vllm_lookahead.tools.bench import RESULTS, append_jsonl
 
 # bench_step.py's committed run on the default model: what a step over T tokens costs on this CPU.
 DEFAULT_STEP_COSTS = str(Path(__file__).parent / "results" / "step_T8-16-24-32-64_ctx128-512-1536.jsonl")
@@ -85,10 +85,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dataset", choices=("humaneval", "sharegpt"), default="humaneval", help="sharegpt: chat template")
     p.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (greedy)")
     p.add_argument(
-        "--model", default=None, help="a registered model name (vllm_lookahead.tools.models) or a folder; default: embedded"
+        "--model", default=None, help="a registered model name (tools.models) or a folder; default: embedded"
     )
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: leave torch's default)")
-    p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG and the JSONL")
+    p.add_argument("--out", default=RESULTS, help="folder for the PNG and the JSONL")
     args = p.parse_args(argv)
     if min(args.ngrams) < 2:
         p.error("--ngrams: every N must be >= 2")

@@ -39,6 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_lookahead.tools.bench import RESULTS
+
 HOST = "127.0.0.1"
 KINDS = (
     "completion",
@@ -58,13 +60,14 @@ BLOCK_SIZE = 128
 # per layer, `create_onednn_mm(..., 32)`), and oneDNN's own process-wide cache keeps up to
 # ONEDNN_PRIMITIVE_CACHE_CAPACITY primitives (default 1024): an engine's RSS grows with every new step size until
 # both are full, about +325 MiB for the default model after some 260 sizes, a ceiling that lookahead, whose steps
-# come in more sizes, nears sooner (`benchmarks/rss_by_step_size.py`). So that the soak
+# come in more sizes, nears sooner (`benchmarks/research/rss_by_step_size.py`). So that the soak
 # measures growth beyond those bounded caches, both engines run with oneDNN's cache bounded to ONEDNN_CACHE_CAPACITY
 # primitives (unless the environment sets it) and each first prefills one prompt of every length here (more sizes
 # than the caches hold), before its clients start.
 ONEDNN_CACHE_CAPACITY = 64
-# TCMalloc (in LD_PRELOAD under `vllm_lookahead.tools.cpu_runtime`) keeps large freed blocks in its page heap and returns
-# them to the system at its own pace, so RSS follows a step's biggest transient buffers for tens of seconds at a time.
+# TCMalloc (in LD_PRELOAD under `vllm_lookahead.tools.cpu_runtime`) keeps large freed blocks in its page heap and
+# returns them to the system at its own pace, so RSS follows a step's biggest transient buffers for tens of seconds
+# at a time.
 # A lookahead step's logits (one float32 row of the vocabulary per tree node, 0.58 MiB per node for the default
 # model, so 100 MiB for some 170 nodes across a batch) are such a buffer: one CI soak measured lookahead's RSS
 # jumping by 100 MiB and back three times and ending on a high (+109 MiB beyond plain). With freed pages returned at
@@ -131,7 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-tokens", type=int, default=8192, help="the server's KV cache, in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the report here")
-    p.add_argument("--out", default="benchmarks/results/", help="folder for the PNG")
+    p.add_argument("--out", default=RESULTS, help="folder for the PNG")
     args = p.parse_args(argv)
     if args.clients < 1 or args.duration <= 0:
         p.error("--clients and --duration must be positive")

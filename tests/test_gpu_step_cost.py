@@ -1,17 +1,16 @@
-"""`benchmarks/gpu_step_cost.py`: the timed decoder runs (on a CPU here, without CUDA graphs), and the sizing's fit
-of measured steps follows their cost."""
+"""`benchmarks/diagnostics/gpu_step_cost.py`: the timed decoder runs (on a CPU here, without CUDA graphs), and the
+sizing's fit of measured steps follows their cost."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
+from tests.scripts import load_script
 
-from gpu_step_cost import fit_batch, main, parse_args  # noqa: E402
+gpu_step_cost = load_script("benchmarks/diagnostics/gpu_step_cost.py")
+fit_batch, main, parse_args = gpu_step_cost.fit_batch, gpu_step_cost.main, gpu_step_cost.parse_args
 
 
 def _steps(requests: int, fixed: float, knee: int, below: float, past: float) -> list[dict]:

@@ -1,16 +1,17 @@
-"""The row-count benchmark (`benchmarks/matmul_rows.py`): a forward's linear layers timed by a step's tokens."""
+"""The row-count diagnostic (`benchmarks/diagnostics/matmul_rows.py`): a forward's linear layers timed by a step's
+tokens."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the scripts import their siblings
+from tests.scripts import load_script
 
-from matmul_rows import added_rate, layer_weights, line_fit, main, parse_args  # noqa: E402
+matmul_rows = load_script("benchmarks/diagnostics/matmul_rows.py")
+added_rate, layer_weights, line_fit = matmul_rows.added_rate, matmul_rows.layer_weights, matmul_rows.line_fit
+main, parse_args = matmul_rows.main, matmul_rows.parse_args
 
 CONFIG = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 256}
 

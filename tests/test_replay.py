@@ -1,11 +1,22 @@
-"""The replay benchmark (`benchmarks/replay_trees.py`): lookahead's drafting replayed on known greedy outputs."""
+"""The replay instrument (`benchmarks/research/replay_trees.py`): lookahead's drafting replayed on known greedy
+outputs."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.replay_trees import cost_model, parse_args, replay
+from tests.scripts import load_script
 from vllm_lookahead.core.params import LookaheadParams
+
+replay_trees = load_script("benchmarks/research/replay_trees.py")
+cost_model, parse_args, replay, main = (
+    replay_trees.cost_model,
+    replay_trees.parse_args,
+    replay_trees.replay,
+    replay_trees.main,
+)
+calibration_table, replay_suffix = replay_trees.calibration_table, replay_trees.replay_suffix
+with_plugin_seconds, vllm_suffix_defaults = replay_trees.with_plugin_seconds, replay_trees.vllm_suffix_defaults
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
 
@@ -125,7 +136,6 @@ def test_calibration_records_every_carried_node_the_output_went_through():
 
 
 def test_calibration_table_buckets_by_score():
-    from benchmarks.replay_trees import calibration_table
 
     rows = calibration_table([(0.95, True, True), (0.93, True, False), (0.01, False, False)])
     assert rows[2] == "| 0.00-0.02 | 0 | - | - | 1 | 0.010 | 0.000 |"
@@ -137,7 +147,6 @@ def test_the_suffix_peer_drafts_chains_of_at_most_its_tokens_and_reproduces_the_
     """vLLM's suffix method replayed: one chain a step of at most num_speculative_tokens, verified against the output;
     a repeating text is drafted from, a text with nothing to copy is decoded a token a step."""
     pytest.importorskip("arctic_inference")
-    from benchmarks.replay_trees import replay_suffix
 
     cost = cost_model(0.035, 0.001)
     per_step, drafts, rate = replay_suffix([(PERIOD[:6], (PERIOD * 10)[6:100])], cost, num_speculative_tokens=4)
@@ -203,8 +212,6 @@ def test_main_prints_lookahead_against_suffix_per_dataset(tmp_path, capsys):
     pytest.importorskip("arctic_inference")
     import json
 
-    from benchmarks.replay_trees import main
-
     seqs = tmp_path / "s.json"
     req = [PERIOD[:6], (PERIOD * 6)[6:60]]
     seqs.write_text(json.dumps({"humaneval": [req, req], "sharegpt": [req, [[1, 2], list(range(10, 50))]]}))
@@ -217,7 +224,6 @@ def test_main_prints_lookahead_against_suffix_per_dataset(tmp_path, capsys):
 
 
 def test_plugin_seconds_are_added_to_every_step():
-    from benchmarks.replay_trees import with_plugin_seconds
 
     # 2 tokens a step at 20 tokens/s is 0.1 s a step; 0.1 s more halves the rate
     assert with_plugin_seconds(2.0, 20.0, 0.1) == pytest.approx(10.0)
@@ -231,8 +237,6 @@ def _vllm_suffix_chains(requests: list, num_spec: int) -> list[list[int]]:
 
     import numpy as np
     from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
-
-    from benchmarks.replay_trees import vllm_suffix_defaults
 
     spec = SimpleNamespace(
         num_speculative_tokens=num_spec, **{f"suffix_decoding_{k}": v for k, v in vllm_suffix_defaults().items()}
@@ -273,7 +277,6 @@ def test_the_suffix_peer_replays_what_vllms_own_proposer_drafts():
     same chain at every step (a wrong context, e.g. without the prefill's token, or other settings differ), and
     every output token counted once."""
     pytest.importorskip("arctic_inference")
-    from benchmarks.replay_trees import replay_suffix
 
     text = (PERIOD * 3 + [7, 7, 2, 3] + PERIOD[2:9] * 4)[:90]
     requests = [(PERIOD[:6], text[6:70]), ([5, 3, 5], text[20:80]), ([1, 4], [9, 9, *text[3:40]])]

@@ -1,8 +1,8 @@
 """Lookahead's drafting replayed on known greedy outputs, without the model: tokens per step in seconds, not minutes.
 
-    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/replay_trees.py --generate   # once: the outputs
-    python benchmarks/replay_trees.py                                    # default settings
-    python benchmarks/replay_trees.py --lookahead-config '{"lookup_len": 16}' --spec-factor 1
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/research/replay_trees.py --generate  # once
+    python benchmarks/research/replay_trees.py                                    # default settings
+    python benchmarks/research/replay_trees.py --lookahead-config '{"lookup_len": 16}' --spec-factor 1
 
 Greedy decoding is deterministic, so once plain decoding's outputs are known (`--generate`: float32, greedy, 128
 tokens, the first `--num-prompts` prompts of HumanEval and chat-templated ShareGPT plus one more of each as the
@@ -32,7 +32,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 DATASETS = ("humaneval", "sharegpt")
 
 

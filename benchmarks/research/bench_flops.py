@@ -1,8 +1,8 @@
 """FLOPs of a lookahead step against a plain one: a formula from the model's shape, checked against torch's FLOP
 counter, and set beside the measured step time (the reference repository's issue #33).
 
-    python benchmarks/bench_flops.py                  # both registered models, T = 1..64, L = 128..1536
-    python benchmarks/bench_flops.py --models smollm2-135m-instruct --trees 1,24 --contexts 512
+    python benchmarks/research/bench_flops.py                  # both registered models, T = 1..64, L = 128..1536
+    python benchmarks/research/bench_flops.py --models smollm2-135m-instruct --trees 1,24 --contexts 512
 
 A step that verifies T tokens (x0 and its tree) after L cached tokens computes, per layer, the q/k/v/o projections
 and the MLP for T rows and attention of T queries over L + T keys (the tree mask hides some of them, but the dense
@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
+from vllm_lookahead.tools.bench import RESULTS, append_jsonl
 
 DEFAULT_STEP_JSONL = "benchmarks/results/step_T8-16-24-32-64_ctx128-512-1536.jsonl"
 
@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trees", default="1,8,24,64", help="tokens per step T (1: a plain step)")
     p.add_argument("--contexts", default="128,512,1536", help="cached tokens L")
     p.add_argument("--step-jsonl", default=DEFAULT_STEP_JSONL, help="bench_step.py's JSONL for measured times")
-    p.add_argument("--out", default="benchmarks/results/")
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     args.model_list = [m for m in args.models.split(",") if m]
     args.tree_list = [int(t) for t in args.trees.split(",")]

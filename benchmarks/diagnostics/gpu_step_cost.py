@@ -1,7 +1,7 @@
 """What a decoding step costs on a GPU, and what the tree sizing's step-cost fit makes of it.
 
-    python benchmarks/gpu_step_cost.py measure --out step_cost.json      # on a machine with a CUDA GPU (torch only)
-    python benchmarks/gpu_step_cost.py fit step_cost.json               # anywhere: the fit per batch size, and a plot
+    python benchmarks/diagnostics/gpu_step_cost.py measure --out step_cost.json   # a CUDA GPU (torch only)
+    python benchmarks/diagnostics/gpu_step_cost.py fit step_cost.json   # anywhere: the fit per batch size, a plot
 
 vLLM does not run on the GPU machines this project is lent, so `measure` times a decoder of each model's shape built
 here in plain torch (random bfloat16 weights; Llama layout: RMSNorm, rotary positions, grouped-query attention by

@@ -1,7 +1,7 @@
 """Where a vLLM engine's memory goes under varied traffic: RSS against the number of distinct step sizes it has run.
 
-    python benchmarks/rss_by_step_size.py                  # plain decoding, prompts of 3..399 tokens, three rounds
-    python benchmarks/rss_by_step_size.py --lookahead      # the same with lookahead
+    python benchmarks/research/rss_by_step_size.py               # plain decoding, prompts of 3..399 tokens, 3 rounds
+    python benchmarks/research/rss_by_step_size.py --lookahead   # the same with lookahead
 
 One engine in this process (float32, eager, no prefix caching) prefills prompts one at a time, each of a length it
 has not run before (every prefill is a step of that many tokens), and prints the process's RSS after each group;

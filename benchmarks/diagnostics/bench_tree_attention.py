@@ -1,7 +1,7 @@
 """One attention layer with lookahead trees, per path: what the tree rows cost against a causal chain of the same rows.
 
-    python benchmarks/bench_tree_attention.py                        # contexts 128,512,1536 x trees 8..64, fp32+bf16
-    python benchmarks/bench_tree_attention.py --requests 4 --decodes 8    # 4 trees per step beside 8 decoding requests
+    python benchmarks/diagnostics/bench_tree_attention.py         # contexts 128,512,1536 x trees 8..64, fp32+bf16
+    python benchmarks/diagnostics/bench_tree_attention.py --requests 4 --decodes 8   # 4 trees beside 8 decodes
 
 On the default model's attention shape (9 query heads, 3 KV heads of 64; `--heads`, `--kv-heads`, `--head-size`),
 a synthetic step is written into vLLM's paged CPU cache with vLLM's own writer (block size 128, as vLLM's CPU
@@ -28,13 +28,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from _results import append_jsonl  # the scripts run from benchmarks/, which is on sys.path
 
 from vllm_lookahead.backends.base import TreeRows
 from vllm_lookahead.backends.cpu.layouts import split
 from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan
 from vllm_lookahead.backends.cpu.reference import apply_tree_attention
 from vllm_lookahead.tools import cpu_runtime
+from vllm_lookahead.tools.bench import RESULTS, append_jsonl
 
 BLOCK = 128
 
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=30, help="layers the per-step set-up is spread over")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--out", default="benchmarks/results/")
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     args.dtype_list = [getattr(torch, d) for d in args.dtypes.split(",")]
     args.tree_list = [int(t) for t in args.trees.split(",")]

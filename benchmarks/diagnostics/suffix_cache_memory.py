@@ -1,7 +1,7 @@
 """What the engine's shared suffix trees cost in memory per cached token, and what `suffix_cache_requests` allows.
 
-    python benchmarks/suffix_cache_memory.py
-    python benchmarks/suffix_cache_memory.py --depths 24,64 --requests 2000
+    python benchmarks/diagnostics/suffix_cache_memory.py
+    python benchmarks/diagnostics/suffix_cache_memory.py --depths 24,64 --requests 2000
 
 Lookahead keeps one global suffix tree per engine over finished requests' outputs (`suffix_cache_requests`, default
 10000, as vLLM's `suffix` method), so that later requests can continue what earlier ones wrote. Its size is bounded

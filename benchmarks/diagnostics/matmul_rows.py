@@ -1,10 +1,12 @@
 """What one more row (a step's token) costs the linear layers of a whole forward: vLLM's CPU matmuls by row count.
 
-    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/matmul_rows.py
-    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/matmul_rows.py --dtype bfloat16 --rows 1,2,4,8
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/matmul_rows.py
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/matmul_rows.py --dtype bfloat16 \
+        --rows 1,2,4,8
 
 A forward's linear layers are most of a step's time on a CPU, and the part that grows with the step's tokens. This
-runs them as vLLM does (one oneDNN handler per weight, `_custom_ops.create_onednn_mm`, see matmul_sizes.py) with the
+runs them as vLLM does (one oneDNN handler per weight, `_custom_ops.create_onednn_mm`, which builds a matmul primitive
+per row count and keeps 32 of them) with the
 embedded model's shapes and random weights: every layer its own weight, so that a pass streams the model's weights
 from memory as a real forward does, plus the LM head over every row (vLLM computes logits for every draft token).
 For each row count it prints the milliseconds of one pass over every layer (median of --reps passes, the counts
@@ -18,14 +20,14 @@ knee `sizing.StepCost` fits.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from matmul_sizes import KEPT, linear_shapes, set_up  # the scripts run from benchmarks/, which is on sys.path
-
 DEFAULT_ROWS = "1,2,4,6,8,12,16,24,32"
+KEPT = 32  # primitives (row counts) a handler keeps: vLLM's default for its linear layers
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -47,6 +49,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.reps < 1 or (args.threads is not None and args.threads < 1):
         p.error("--reps and --threads must be >= 1")
     return args
+
+
+def linear_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """(output features, input features) of a Llama-like model's linear layers, by vLLM's fused layer names."""
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", hidden // heads)
+    inter = config["intermediate_size"]
+    return {
+        "qkv_proj": ((heads + 2 * kv_heads) * head_dim, hidden),
+        "o_proj": (hidden, heads * head_dim),
+        "gate_up_proj": (2 * inter, hidden),
+        "down_proj": (hidden, inter),
+        "lm_head": (config["vocab_size"], hidden),
+    }
+
+
+def set_up(args: argparse.Namespace) -> tuple[dict, object]:
+    """Torch's threads, the model (the embedded one by default; args.model is set to its folder), its config and the
+    dtype, and oneDNN's own start paid (one call on a throwaway shape) before anything is timed."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.model is None:
+        from vllm_lookahead.tools.bench import model_path
+
+        args.model = model_path()
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    dtype = getattr(torch, args.dtype)
+    ops.onednn_mm(
+        ops.create_onednn_mm(torch.randn(8, 24, dtype=dtype).t(), KEPT), torch.randn(3, 24, dtype=dtype), None
+    )
+    return config, dtype
 
 
 def layer_weights(config: dict) -> list[tuple[int, int, int]]:
