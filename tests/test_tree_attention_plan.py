@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from vllm_lookahead.backends.base import TreeRows
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
-from vllm_lookahead.backends.cpu.layouts import split
+from vllm_lookahead.backends.cpu.layouts import split, torch_writer, vllm_writer, writer_runs
 from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan, ancestor_bitsets, supports
-from vllm_lookahead.backends.cpu.reference import apply_tree_attention
+from vllm_lookahead.backends.cpu.reference import apply_tree_attention, tree_attention
 
 pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the plain-torch path runs")
 
@@ -31,13 +31,13 @@ def random_mask(n: int, rng: random.Random) -> torch.Tensor:
     return mask
 
 
-def make_step(reqs, dtype, block_size, seed):
+def make_step(reqs, dtype, block_size, seed, isa="vec", raw=None, fill=0.0):
     """reqs: (kind, cached prefix, query rows) with kind 'tree' or 'plain' (causal rows: decode or prefill).
 
     Returns the fake impl/layer/metadata, the query (a strided view, as vLLM's qkv split makes it), the cache and
-    the trees, with every request's K/V written by vLLM's own writer into shuffled blocks."""
-    from vllm import _custom_ops as ops
-
+    the trees, with every request's K/V written into shuffled blocks of a cache in `isa`'s layout (by vLLM's own
+    writer where this host's build has one, else by ours, byte for byte the same: test_cpu_layouts); the rest of
+    the cache holds `fill`. raw: a list that receives each request's K/V as written ([seq_len, KV heads, D])."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [p + q for _, p, q in reqs]
@@ -49,7 +49,10 @@ def make_step(reqs, dtype, block_size, seed):
     for i, nb in enumerate(nblk):
         block_table[i, :nb] = torch.tensor(perm[used : used + nb], dtype=torch.int32)
         used += nb
-    kv_cache = torch.zeros(len(perm), KV_HEADS, block_size, 2 * HEAD_SIZE, dtype=dtype)
+    kv_cache = torch.full((len(perm), KV_HEADS, block_size, 2 * HEAD_SIZE), fill, dtype=dtype)
+    write = vllm_writer(isa)
+    if not writer_runs(write, dtype, HEAD_SIZE, block_size):
+        write = torch_writer(isa)
     key_cache, value_cache = split(kv_cache)
     qsl = [0]
     for _, _, q in reqs:
@@ -64,7 +67,9 @@ def make_step(reqs, dtype, block_size, seed):
         v = torch.randn(s, KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
         t = torch.arange(s)
         slots = block_table[i].long()[t // block_size] * block_size + t % block_size
-        ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, slots, "vec")
+        write(k, v, key_cache, value_cache, slots)
+        if raw is not None:
+            raw.append((k, v))
         if kind == "tree":
             trees.append(TreeRows(i, qsl[i], q, s, block_table[i], random_mask(q, rng)))
     impl = SimpleNamespace(
@@ -78,7 +83,7 @@ def make_step(reqs, dtype, block_size, seed):
         sinks=None,
         sliding_window=-1,
     )
-    layer = SimpleNamespace(isa="vec", _k_scale_float=1.0, _v_scale_float=1.0)
+    layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
     md = SimpleNamespace(
         causal=True,
         dynamic_causal=None,
@@ -145,6 +150,48 @@ def test_fast_path_matches_the_reference(dtype, reqs, block_size, seed):
     torch.testing.assert_close(got, want, **tolerance(dtype))
 
 
+tree_only = st.tuples(st.just("tree"), st.integers(0, 300), st.integers(1, 70))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(tree_only, min_size=1, max_size=4),
+    block_size=st.sampled_from([32, 64, 128]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_kernel_and_the_reference_read_the_amx_layout(reqs, block_size, seed):
+    """bfloat16 in vLLM's amx layout (trees only: vLLM's stock amx kernel needs AMX tiles), against attention over
+    the K/V as written (not read back from the cache); the memory around them is NaN, as stale memory may be."""
+    raw = []
+    step = make_step(reqs, torch.bfloat16, block_size, seed, isa="amx", raw=raw, fill=float("nan"))
+    impl, layer, md, query, kv_cache, trees = step
+    want = torch.full((query.shape[0], HEADS * HEAD_SIZE), 7.0, dtype=query.dtype)
+    out3 = want.view(-1, HEADS, HEAD_SIZE)
+    for t, (k, v) in zip(trees, raw, strict=True):
+        rows = slice(t.q_start, t.q_start + t.num_nodes)
+        out3[rows] = tree_attention(query[rows], k.transpose(0, 1), v.transpose(0, 1), t.mask, impl.scale)
+    got = fast(*step)
+    assert torch.all(got[-PAD_ROWS:] == 7.0), "padding rows past num_actual_tokens were written"
+    torch.testing.assert_close(got, want, **tolerance(torch.bfloat16))
+    ref = torch.full_like(want, 7.0)
+    apply_tree_attention(query, *split(kv_cache), ref, trees, impl.scale, "amx")
+    torch.testing.assert_close(ref, want, **tolerance(torch.bfloat16))
+
+
+def test_amx_items_both_widened_and_read_in_place(monkeypatch):
+    """One tree of 2 nodes (6 rows: keys read in place) and one of 40 (items of 13-14 nodes, 39-42 rows: widened
+    first), odd and even sequence lengths (a value pair's other token past seq_len)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)  # so many threads would not cut the tree finer
+    raw = []
+    step = make_step([("tree", 37, 2), ("tree", 90, 40)], torch.bfloat16, 32, 5, isa="amx", raw=raw, fill=float("nan"))
+    impl, layer, md, query, kv_cache, trees = step
+    got = fast(*step).view(-1, HEADS, HEAD_SIZE)
+    for t, (k, v) in zip(trees, raw, strict=True):
+        rows = slice(t.q_start, t.q_start + t.num_nodes)
+        want = tree_attention(query[rows], k.transpose(0, 1), v.transpose(0, 1), t.mask, impl.scale)
+        torch.testing.assert_close(got[rows], want, **tolerance(torch.bfloat16))
+
+
 def test_one_plan_serves_every_layer_of_the_step():
     """Strides are taken once; later layers bring other query data and other caches of the same shape."""
     reqs = [("plain", 40, 1), ("tree", 150, 24), ("tree", 31, 9), ("plain", 0, 5)]
@@ -187,7 +234,10 @@ def test_what_the_kernel_does_not_do_goes_to_the_reference_path(change):
 
 def test_other_cache_layouts_and_dtypes_go_to_the_reference_path():
     impl, layer, md, query, kv_cache, trees = make_step([("tree", 10, 4)], torch.float32, 32, seed=0)
-    assert not supports(impl, SimpleNamespace(isa="amx"), query, kv_cache)
+    for isa in ("neon", "rvv", "vxe", "vsx"):
+        assert not supports(impl, SimpleNamespace(isa=isa), query, kv_cache)
+    assert not supports(impl, SimpleNamespace(isa="amx"), query, kv_cache), "amx holds bfloat16 only"
+    assert supports(impl, SimpleNamespace(isa="amx"), query.bfloat16(), kv_cache.bfloat16())
     assert not supports(impl, layer, query.half(), kv_cache.half())
     md.causal = False
     assert TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md) is None

@@ -32,10 +32,11 @@ logger = logging.getLogger("vllm_lookahead")
 SOURCE = Path(__file__).with_name("csrc") / "tree_attention.cpp"
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=fast")
 HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # the source's DISPATCH list
-# The int64 argument block of `tree_attn_layer`, in the source's order (scale travels as its float32 bits).
+# The int64 argument block of `tree_attn_layer`, in the source's order (scale travels as its float32 bits; layout
+# is the cache's `layouts.Layout.kernel_code`; the strides come last, set by the step's first layer).
 ARGS = (
     "items", "num_items", "block_table", "block_table_stride", "masks", "mask_words", "scale_bits", "block_size",
-    "head_size", "queries_per_kv", "bf16", "max_rows", "parallel",
+    "head_size", "queries_per_kv", "bf16", "max_rows", "parallel", "layout",
     "q_stride0", "q_stride1", "kv_stride0", "kv_stride1", "out_stride0", "out_stride1",
 )  # fmt: skip
 
@@ -104,15 +105,14 @@ class TreeKernel:
         if rc:
             raise RuntimeError(f"tree-attention kernel refused its arguments (code {rc})")
 
-    def move_slots(self, caches: Sequence[torch.Tensor], src: Sequence[int], dst: Sequence[int]) -> None:
+    def move_slots(self, caches: Sequence[torch.Tensor], src: Sequence[int], dst: Sequence[int], layout: int) -> None:
         """Copy every cache's K/V at global slots `src` to slots `dst` (pairwise; all sources read first): caches
-        of one shape, dtype and strides, in vLLM's CPU layout ([blocks, kv heads, block size, 2 * head size])."""
+        of one shape, dtype and strides ([blocks, kv heads, block size, 2 * head size]), all in the layout whose
+        `layouts.Layout.kernel_code` is `layout`."""
         c = caches[0]
         num_blocks, num_kv_heads, block_size, two_d = c.shape
-        sizes = np.array(
-            [len(caches), len(src), num_kv_heads, block_size, two_d // 2, c.element_size(), c.stride(0), c.stride(1)],
-            np.int64,
-        )
+        shape = (len(caches), len(src), num_kv_heads, block_size, two_d // 2, c.element_size())
+        sizes = np.array([*shape, c.stride(0), c.stride(1), layout], np.int64)
         ptrs = np.array([x.data_ptr() for x in caches], np.int64)
         src_a = np.asarray(src, np.int64)
         dst_a = np.asarray(dst, np.int64)

@@ -7,7 +7,8 @@ Built at the step's first decoder layer (per attention metadata) and used by eve
   row's ancestors in place from the paged cache, by one call per layer with a prepared argument block.
 So no row is computed twice, nothing is gathered or upcast, and per layer Python makes at most three calls.
 `TreeAttentionPlan.build` returns None where this path does not apply (no compiler, ALiBi, soft-cap, sliding
-window, sinks, a quantized KV cache, another dtype or cache layout); the caller then uses the plain-torch path.
+window, sinks, a quantized KV cache, another dtype or a cache layout it does not read); the caller then uses the
+plain-torch path. The kernel reads the layouts `layouts` describes (vec / vec16, amx), told which by its arguments.
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def work_items(trees: Sequence[TreeRows], num_kv_heads: int, num_threads: int) -
 
 
 def cache_readable(impl: CPUAttentionBackendImpl, layer: Attention, kv_cache: torch.Tensor) -> bool:
-    """Whether the compiled kernel reads (and moves) this layer's cache as vLLM wrote it: an unscaled float32 or
-    bfloat16 cache in a layout it knows (`cpu_kv_cache`)."""
+    """Whether the compiled kernel reads (and moves) this layer's cache as vLLM wrote it: an unscaled cache of a
+    dtype and shape that a layout it knows holds (`layouts`: vec / vec16 float32 or bfloat16, amx bfloat16)."""
     return (
-        kv_cache.dtype in layouts.DTYPES
-        and getattr(layer, "isa", None) in layouts.READABLE
+        kv_cache.dim() == 4
         and impl.kv_cache_dtype == "auto"
+        and layouts.readable(getattr(layer, "isa", None), kv_cache.dtype, kv_cache.shape[3] // 2, kv_cache.shape[2])
     )
 
 
@@ -155,6 +156,7 @@ class TreeAttentionPlan:
             bf16=int(query.dtype == torch.bfloat16),
             max_rows=int((items[:, 4] - items[:, 3]).max()) * (impl.num_heads // impl.num_kv_heads),
             parallel=1,
+            layout=layouts.layout_of(layer.isa).kernel_code,
         )
         for name, value in values.items():
             args[tree_kernel.ARGS.index(name)] = value

@@ -52,15 +52,16 @@ def apply_tree_attention(
     output: torch.Tensor,
     trees: Sequence[TreeRows],
     scale: float,
+    isa: str = "vec",
 ) -> None:
     """Overwrite the tree requests' rows of `output` ([num_tokens, num_heads * D] or [num_tokens, H, D]).
 
-    key_cache / value_cache: a layer's cache halves (`cpu_kv_cache.split`).
+    key_cache / value_cache: a layer's cache halves (`cpu_kv_cache.split`) in vLLM's `isa` layout.
     """
     num_heads, head_size = query.shape[1], query.shape[2]
     out3 = output.view(output.shape[0], num_heads, head_size)
     for t in trees:
-        k, v = gather_kv(key_cache, value_cache, t.block_ids, t.seq_len)
+        k, v = gather_kv(key_cache, value_cache, t.block_ids, t.seq_len, isa)
         rows = slice(t.q_start, t.q_start + t.num_nodes)
         out3[rows] = tree_attention(query[rows], k, v, t.mask, scale)
 
@@ -76,4 +77,4 @@ def attend_layer(
     """One attention layer's tree rows, after vLLM wrote this step's KV and ran its own kernel."""
     cpu_kv_cache.ensure_layout(layer, impl, kv_cache)
     key_cache, value_cache = cpu_kv_cache.split(kv_cache)
-    apply_tree_attention(query, key_cache, value_cache, output, trees, impl.scale)
+    apply_tree_attention(query, key_cache, value_cache, output, trees, impl.scale, layer.isa)

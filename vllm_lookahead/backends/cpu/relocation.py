@@ -4,7 +4,7 @@ A tree node u of a request is written at the slot of position P+u (vLLM's linear
 accepted at depth d it must live at P+d, where the next step (and prefix caching) will look for it. Its key
 was already rotated for position P+d, so a copy is all it takes. All sources are read before any destination is
 written, so overlapping moves (node 2 -> slot 1 while node 3 -> slot 2) are safe. Every layer's moves are one
-call into the compiled kernel (tree_kernel.py) where it applies; otherwise, and as the reference,
+call into the compiled kernel (kernel.py) where it applies; otherwise, and as the reference,
 `move_kv_slots_reference` reads and writes each layer with torch and vLLM's own cache writer.
 """
 
@@ -32,16 +32,21 @@ class CacheLayers:
     layers: list[Attention]
     compiled: bool
     caches: list[torch.Tensor]  # the layers' non-empty caches, in layer order: what one compiled call moves
+    layout: int = 0  # their layout's kernel code (`layouts.Layout.kernel_code`), where compiled
 
     @classmethod
     def of(cls, layers: Sequence[Attention]) -> CacheLayers:
-        caches = [layer.kv_cache for layer in layers if _has_cache(layer)]
+        with_cache = [layer for layer in layers if _has_cache(layer)]
+        caches = [layer.kv_cache for layer in with_cache]
         alike = all(
             c.shape == caches[0].shape and c.stride() == caches[0].stride() and c.dtype == caches[0].dtype
             for c in caches
         )
         compiled = tree_kernel.load() is not None and bool(caches) and alike
-        return cls(list(layers), compiled and all(compiled_moves_apply(layer) for layer in layers), caches)
+        compiled = compiled and all(compiled_moves_apply(layer) for layer in layers)
+        codes = {cpu_kv_cache.layout_of(layer.isa).kernel_code for layer in with_cache} if compiled else set()
+        compiled = compiled and len(codes) == 1  # one call moves one layout
+        return cls(list(layers), compiled, caches, codes.pop() if compiled else 0)
 
 
 def attention_layers(runner: GPUModelRunner) -> CacheLayers:
@@ -57,7 +62,8 @@ def attention_layers(runner: GPUModelRunner) -> CacheLayers:
 def move_kv_slots(cache_layers: CacheLayers, src: Sequence[int], dst: Sequence[int]) -> None:
     """For every layer, copy the KV at global cache slots `src` to slots `dst` (pairwise)."""
     if cache_layers.compiled:
-        tree_kernel.load().move_slots(cache_layers.caches, src, dst)  # one call: every layer, no torch op per layer
+        # one call: every layer, no torch op per layer
+        tree_kernel.load().move_slots(cache_layers.caches, src, dst, cache_layers.layout)
     else:
         move_kv_slots_reference(cache_layers.layers, src, dst)
 
@@ -67,8 +73,8 @@ def _has_cache(layer: Attention) -> bool:
 
 
 def compiled_moves_apply(layer: Attention) -> bool:
-    """Whether the kernel's plain copy moves this layer's cache entries exactly as vLLM's writer would: an unscaled
-    float32 or bfloat16 cache in the layout it reads (`cpu_kv_cache`), each block's heads in contiguous memory."""
+    """Whether the kernel's copy moves this layer's cache entries exactly as vLLM's writer would: an unscaled cache
+    in a layout it reads (`cpu_kv_cache`), each block's heads in contiguous memory."""
     if not _has_cache(layer):
         return True  # nothing to move
     kv = layer.kv_cache
@@ -84,5 +90,5 @@ def move_kv_slots_reference(layers: Sequence[Attention], src: Sequence[int], dst
         if kv_cache is None or kv_cache.numel() == 0:
             continue
         key_cache, value_cache = cpu_kv_cache.split(kv_cache)
-        k, v = cpu_kv_cache.read_cache_slots(key_cache, value_cache, src_t)
+        k, v = cpu_kv_cache.read_cache_slots(key_cache, value_cache, src_t, layer.isa)
         cpu_kv_cache.layer_writer(layer)(k, v, key_cache, value_cache, dst_t)
