@@ -67,7 +67,8 @@ def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
     stats = r.get("lookahead_stats")
     if not stats or "step_cost_knee" not in stats:
         return None
-    from vllm_lookahead.core.sizing import StepCost, score_floor
+    from vllm_lookahead.core.cost import StepCost
+    from vllm_lookahead.core.sizing import score_floor
     from vllm_lookahead.glue.stats import COST_KEYS
 
     cost = StepCost.frozen([stats[k] for k in COST_KEYS])

@@ -230,7 +230,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
 def _price_branches(worker, price: float | None) -> None:
     """Run on the worker: a measured step cost in which a branched tree costs `price` seconds more (None: back to
     the module's fixed cost)."""
-    from vllm_lookahead.core.sizing import StepCost
+    from vllm_lookahead.core.cost import StepCost
 
     engine = worker.model_runner._lookahead
     if price is None:

@@ -9,16 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.core.acceptance import AcceptanceStats
-from vllm_lookahead.core.sizing import (
-    BRANCH_PRIOR_WEIGHT,
-    DECAY,
-    KNEES,
-    StepCost,
-    StepTimer,
-    choose_sizes,
-    plan_step,
-    score_floor,
-)
+from vllm_lookahead.core.cost import BRANCH_PRIOR_WEIGHT, DECAY, KNEES, StepCost
+from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
+from vllm_lookahead.core.step_timer import StepTimer
 from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tree
 
 

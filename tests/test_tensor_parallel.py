@@ -66,7 +66,7 @@ def batch(tp_model_path):
 def _skew_tree_sizes(worker) -> int:
     """Run on every worker: rank 0 finds every node worth its cost, the others none, so their own tree sizes
     differ as much as they can (in real runs they differ by their step timings)."""
-    from vllm_lookahead.core.sizing import StepCost
+    from vllm_lookahead.core.cost import StepCost
 
     worker.model_runner._lookahead.cost = StepCost(0.0 if worker.rank == 0 else 10.0)
     return worker.rank

@@ -269,7 +269,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 def fit_batch(steps: Sequence[dict[str, float]], requests: int, feed: int, seed: int = 0) -> dict[str, float]:
     """The engine's step-cost fit after seeing this batch's measured steps `feed` times each, shuffled: its cost
     model, and the bar a first draft node must clear at this batch."""
-    from vllm_lookahead.core.sizing import StepCost, score_floor
+    from vllm_lookahead.core.cost import StepCost
+    from vllm_lookahead.core.sizing import score_floor
 
     cost = StepCost()
     rows = [s for s in steps if s["requests"] == requests] * feed

@@ -170,8 +170,9 @@ def replay(
     cost (the sizing is then not used; the tree is still the state's, cut to `max_tree_nodes` by score, and the
     statistics still learn, for the sources that read them)."""
     from vllm_lookahead.core.acceptance import AcceptanceStats
+    from vllm_lookahead.core.cost import StepCost
     from vllm_lookahead.core.recycle import TokenRecycler
-    from vllm_lookahead.core.sizing import StepCost, plan_step, score_floor
+    from vllm_lookahead.core.sizing import plan_step, score_floor
     from vllm_lookahead.core.state import LookaheadState
     from vllm_lookahead.core.suffix import SuffixCandidates
     from vllm_lookahead.core.verify import greedy_verify
@@ -262,7 +263,7 @@ def replay_suffix(
     import numpy as np
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    from vllm_lookahead.core.sizing import StepCost
+    from vllm_lookahead.core.cost import StepCost
 
     d = vllm_suffix_defaults()
     max_depth = int(d["max_tree_depth"])

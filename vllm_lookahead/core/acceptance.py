@@ -11,7 +11,7 @@ fed by the state with the tokens that actually followed the tree's root): "accep
 through the node, which for greedy requests is what verification would have said, and for sampled ones what the
 target's own draws did. Learning only from verified nodes would never learn what the sizing left out: a deep
 prompt-lookup node, priced low at first, was never carried and so never shown to be accepted (deep prompt-lookup
-nodes are accepted at 0.85-0.97 given their parent: `benchmarks/tree_calibration.py --no-floor`, below).
+nodes are accepted at 0.85-0.97 given their parent in a calibration run, below).
 
 The Jacobi window is scored by what it yields: its slots are rarely accepted themselves, but the n-grams it finds
 enter the pool. `window_value` is the pool tokens accepted per step that the window found, divided by the window
@@ -30,8 +30,8 @@ PRIOR_WEIGHT = 20.0
 # Each observation's weight decays by this factor per step: about a thousand steps of memory.
 DECAY = 0.999
 # Conditional acceptance of a depth-1 node before anything was observed; deeper, the chance of a miss shrinks by
-# PRIOR_RISE per level (a draft that matched so far tends to go on matching: `benchmarks/tree_calibration.py
-# --no-floor`, HumanEval, float32, at 973cdec, accepted given the parent at depths 1-4: short-match prompt lookup 0.13,
+# PRIOR_RISE per level (a draft that matched so far tends to go on matching: a calibration run without the
+# score floor, HumanEval, float32, accepted given the parent at depths 1-4: short-match prompt lookup 0.13,
 # 0.40, 0.65, 0.80; suffix 0.32, 0.74, 0.91, 0.93).
 PRIOR_RATE = {
     Source.LOOKUP: 0.5,

@@ -60,7 +60,7 @@ def _path_key(help: str) -> Any:
 class LookaheadParams:
     """W (window_size), N (ngram_size), G (guess_set_size) and the other candidate sources; validated on creation.
 
-    The defaults were chosen from measurements on the default model on CPU (README, "Keys"): a step's cost grows
+    The defaults were chosen from measurements on the default model on CPU (docs/results.md): a step's cost grows
     with its tree there, so a small window plus one long prompt-lookup candidate beats the paper's GPU-sized
     configs (W=15, N=5, G=W for 7B models on an A100).
     """

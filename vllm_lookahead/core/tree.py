@@ -39,7 +39,7 @@ class Source(IntEnum):
     WINDOW = 5  # a Jacobi window slot
     SHARED = 6  # the n-gram pool shared by all requests (what earlier requests saw and found)
     # prompt lookup on a match of the last 1-2 tokens only: far less often right, so scored apart
-    # (`benchmarks/tree_calibration.py --no-floor`, HumanEval, float32, at 973cdec: first tokens accepted 0.13
+    # (a calibration run, HumanEval, float32: first tokens accepted 0.13
     # against 0.88 for a 3-token match; lookup.SHORT_MATCH)
     LOOKUP_SHORT = 7
     RECYCLE = 8  # token recycling: the target's own top-k after each token, from earlier steps (recycle.py)

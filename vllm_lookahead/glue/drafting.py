@@ -12,9 +12,11 @@ import time
 from typing import TYPE_CHECKING
 
 from vllm_lookahead.backends import TreeBackend
+from vllm_lookahead.core.cost import StepCost
 from vllm_lookahead.core.params import LookaheadParams
-from vllm_lookahead.core.sizing import StepCost, StepTimer, choose_sizes, plan_step, score_floor
+from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.state import LookaheadState
+from vllm_lookahead.core.step_timer import StepTimer
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
 from vllm_lookahead.glue.step import LookaheadStep

@@ -149,8 +149,8 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
     """What the method's engine process needs in its environment (set before vLLM starts)."""
     env: dict[str, str] = {}
     if sampled:
-        # vLLM 0.32's CPU rejection sampler spreads uninitialised temperatures over the drafts (README, "Which
-        # requests use it"); lookahead never relies on it, and this fixes it for ngram and suffix too.
+        # vLLM 0.32's CPU rejection sampler spreads uninitialised temperatures over the drafts (docs/design.md,
+        # patches); lookahead never relies on it, and this fixes it for ngram and suffix too.
         env["VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"] = "1"
     if method == "none-noplugin":
         env["VLLM_PLUGINS"] = "no-plugin-at-all"  # a filter matching no installed plugin

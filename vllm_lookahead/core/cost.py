@@ -1,0 +1,158 @@
+"""What a decoding step costs, fitted to the engine's own steps (`StepCost`), so that it follows the machine, model,
+dtype and batch.
+
+A decoding step with R requests and D draft tokens computes T = R + D tokens and costs
+c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B seconds,
+where B is 1 when a scheduled tree branches. Up to the knee a step is bound by reading the weights, and a token more
+costs little (per_draft_below); past it by arithmetic, and each token costs per_draft. On a 2-core CPU at batch 1 a
+step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms; on a GPU, where a forward over many
+tokens costs little more than over one, the knee lies far out. B is the tree attention path's own price: on a CPU a
+branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer by layer, where a chain of drafts
+runs vLLM's kernel alone. The cost is convex in D (per_draft >= per_draft_below), which the sizing relies on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+# Before any step was timed, relative units: a step costs 1 + PRIOR_SLOPE per token it computes.
+PRIOR_SLOPE = 0.03
+# Weight of the prior on each slope, in steps: enough to keep the first estimates sane, little enough that a few
+# hundred steps override it wherever the batch varies what the slope multiplies.
+PRIOR_WEIGHT = 2.0
+# Where the prior on a slope sits: as if PRIOR_WEIGHT steps had differed by this many requests or drafts.
+PRIOR_SPREAD = 8.0
+# Weight of the branch price's prior (0), in branched steps. At a large batch trees seldom branch, so a handful of
+# branched steps is all the fit sees of the price, and one of them slowed by the machine priced branching out of the
+# rest of a run (48.9 ms from 5 branched steps at 16 requests, other rounds 0.9-4.9 ms, on an AVX2
+# host), where a price nothing measures only fades.
+BRANCH_PRIOR_WEIGHT = 16.0
+DECAY = 0.995  # per observed step: about two hundred steps of memory
+# The knees tried (tokens a step computes): each has its own fit, and the one that fits the recent steps best is used.
+# A knee of 1 is the straight line (every token at per_draft).
+KNEES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512)
+
+
+def knees() -> tuple[int, ...]:
+    """KNEES, or the straight line alone with VLLM_LOOKAHEAD_COST_KNEE=0 (the knee's before/after in a benchmark)."""
+    return (1,) if os.environ.get("VLLM_LOOKAHEAD_COST_KNEE", "1") == "0" else KNEES
+
+
+class CostModel(NamedTuple):
+    """c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B."""
+
+    fixed: float
+    per_request: float
+    per_draft: float  # a token's price past the knee
+    branch: float
+    knee: int = 1
+    per_draft_below: float = 0.0  # a token's price up to the knee
+
+    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
+        t = requests + drafts
+        k = self.knee
+        below = min(t, k) * self.per_draft_below + max(0, t - k) * self.per_draft
+        return max(self.fixed + self.per_request * requests + below + (self.branch if branched else 0.0), 1e-9)
+
+    def marginal(self, requests: int, drafts: int) -> float:
+        """What one draft token more costs a step that computes requests + drafts tokens."""
+        return self.per_draft_below if requests + drafts < self.knee else self.per_draft
+
+
+class StepCost:
+    """The step's cost (`CostModel`) as a weighted least-squares fit over recent steps, one per knee of KNEES, of
+    which the one the Bayesian information criterion prefers among the convex ones (per_draft >= per_draft_below)
+    is used: a knee must fit the steps better than the straight line by more than its two parameters' worth.
+    Each slope is pulled toward a prior (per_draft = per_draft_below = PRIOR_SLOPE * fixed as the first step
+    suggests, per_request = 0, branch = 0 worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about
+    it: a branch price that no recent step measured decays to 0, so trees are tried again and measured afresh.
+    `relative_node_cost` fixes the costs instead (1 + relative_node_cost per request or draft, no knee, no branch
+    price), for reproducible tree sizes; `frozen` fixes any coefficients (e.g. a run's fitted ones, read back from
+    its stats)."""
+
+    def __init__(self, relative_node_cost: float | None = None) -> None:
+        s = relative_node_cost
+        self._frozen: CostModel | None = None if s is None else CostModel(1.0, 0.0, s, 0.0, 1, s)
+        self._knee_list = knees()
+        n = len(self._knee_list)
+        self._knees = np.array(self._knee_list, dtype=float)
+        self._xtx = np.zeros((n, 5, 5))
+        self._xty = np.zeros((n, 5))
+        self._yy = 0.0
+        self._n = 0.0  # the steps' summed (decayed) weights
+        self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
+        self._fit: CostModel | None = None  # solved once per observation
+
+    def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
+        if self._frozen is not None or seconds <= 0 or requests <= 0:
+            return
+        t = requests + drafts
+        if self._prior is None:
+            self._prior = seconds / (1 + PRIOR_SLOPE * t) * PRIOR_SLOPE
+        k = self._knees
+        n = len(k)
+        x = np.column_stack(
+            [np.ones(n), np.full(n, float(requests)), np.minimum(t, k), np.maximum(0.0, t - k), np.full(n, branched)]
+        )
+        self._xtx = self._xtx * DECAY + x[:, :, None] * x[:, None, :]
+        self._xty = self._xty * DECAY + x * seconds
+        self._yy = self._yy * DECAY + seconds * seconds
+        self._n = self._n * DECAY + 1.0
+        self._fit = None
+
+    def coefficients(self) -> CostModel:
+        """The cost model in seconds (relative units before any step was timed)."""
+        if self._frozen is not None:
+            return self._frozen
+        if self._prior is None:
+            return CostModel(1.0, 0.0, PRIOR_SLOPE, 0.0, 1, PRIOR_SLOPE)
+        if self._fit is None:
+            self._fit = self._solve(self._prior)
+        return self._fit
+
+    def _solve(self, s: float) -> CostModel:
+        # The prior as pseudo-rows on the slopes alone (the intercept is always measured): w * (spread * (k - k0))^2.
+        ridge = PRIOR_WEIGHT * PRIOR_SPREAD**2
+        reg = np.diag([0.0, ridge, ridge, ridge, BRANCH_PRIOR_WEIGHT])
+        prior = np.array([0.0, 0.0, ridge * s, ridge * s, 0.0])
+        # positive definite: one step observed, and a ridge on each slope
+        beta = np.linalg.solve(self._xtx + reg, (self._xty + prior)[:, :, None])[:, :, 0]
+        # each knee's weighted squared error over the steps (the prior's pseudo-rows left out)
+        sse = self._yy - 2 * np.einsum("ki,ki->k", beta, self._xty) + np.einsum("ki,kij,kj->k", beta, self._xtx, beta)
+        # A knee must earn its two more parameters (where it lies, the slope below it), as the Bayesian information
+        # criterion prices them: where the steps show no knee (at 16 requests every step is past any knee there is)
+        # the straight line stands, rather than a knee that fits the noise and misprices the tokens on its far side.
+        n = max(self._n, 1.0)
+        score = n * np.log(np.maximum(sse, 1e-12 * n) / n) + np.where(self._knees > 1, 2 * np.log(n + 1), 0.0)
+        # below the knee a token may cost less than past it, not more (a concave cost would end the search early)
+        convex = beta[:, 3] >= beta[:, 2]
+        convex[0] = True  # knee 1: every token is past it (its per_draft_below multiplies a constant)
+        best = int(np.argmin(np.where(convex, score, np.inf)))
+        a, r, below, above, b = (float(v) for v in beta[best])
+        above, b = max(above, 0.0), max(b, 0.0)
+        if best == 0:  # knee 1: min(T, 1) = 1 is part of the intercept; the line's one slope serves both sides
+            a, below = a + below - above, above
+        else:
+            below = min(max(below, 0.0), above)
+        # a request's own token is priced with the drafts; beyond it the fit may find a request cheaper than a draft
+        # token, never cheaper than nothing
+        r = max(r, -below)
+        return CostModel(max(a, 1e-9), r, above, b, self._knee_list[best], below)
+
+    @classmethod
+    def frozen(cls, coefficients: Sequence[float]) -> StepCost:
+        """Fixed coefficients, in CostModel's order."""
+        cost = cls()
+        c = [float(v) for v in coefficients]
+        cost._frozen = CostModel(c[0], c[1], c[2], c[3], int(c[4]), c[5])
+        return cost
+
+    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
+        return self.coefficients().seconds(requests, drafts, branched)
+
+    def marginal(self, requests: int, drafts: int) -> float:
+        return self.coefficients().marginal(requests, drafts)
