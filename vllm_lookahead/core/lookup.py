@@ -6,11 +6,11 @@ the pool's fixed N-1 tokens they can be long, which is what repetitive text (cod
 
 Each candidate carries what says how far to trust it, as the suffix library's candidates do: how many tokens of
 context its occurrence matches (the index keys on the last 1-3 tokens, but an occurrence may match many more), and,
-per token, the share of the key's occurrences that agree with it there. Both separate good guesses from bad
-ones (measured on 60 prompts of each set, plain decoding's greedy float32 outputs, by a calibration script since removed): first
-tokens were right 0.22-0.24 of the time after a 1-token match, 0.53-0.54 after 2, 0.68-0.71 after 3, 0.79 after
-4-7, 0.86-0.89 after 8-15 and 0.96-0.97 after 16 or more (HumanEval, ShareGPT), and 0.72-0.77 where every
-occurrence agreed against 0.20-0.33 where they did not.
+per token, the share of the key's occurrences that agree with it there. Both separate good guesses from bad ones (a
+calibration run on 60 prompts of each set, plain decoding's greedy float32 outputs): first tokens were right
+0.22-0.24 of the time after a 1-token match, 0.53-0.54 after 2, 0.68-0.71 after 3, 0.79 after 4-7, 0.86-0.89 after
+8-15 and 0.96-0.97 after 16 or more (HumanEval, ShareGPT), and 0.72-0.77 where every occurrence agreed against
+0.20-0.33 where they did not.
 """
 
 from __future__ import annotations

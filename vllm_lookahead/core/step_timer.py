@@ -15,11 +15,11 @@ class _TimedStep:
 
 
 class StepTimer:
-    """Times pure decoding steps for the step-cost fit: from one step's start, through its drafting, to the next
-    step's start, so that the engine's own work between two steps (scheduling, output processing: 0.9 ms of a 25 ms
-    step at batch 1 and 1.5-1.7 of 45-51 at 16 requests, bfloat16 ShareGPT on a 2-core CPU; docs/results.md) is part of what a step costs. A gap longer than the step itself
-    is the engine waiting for requests, not work, and is left out. Keeps the timed steps' totals (`timed`,
-    `span_seconds`, `gap_seconds`) for the worker's stats."""
+    """Times pure decoding steps for the step-cost fit: from one step's start, through its drafting, to the next step's
+    start, so that the engine's own work between two steps (scheduling, output processing: 0.9 ms of a 25 ms step at
+    batch 1 and 1.5-1.7 of 45-51 at 16 requests, bfloat16 ShareGPT on a 2-core CPU) is part of what a step costs. A gap
+    longer than the step itself is the engine waiting for requests, not work, and is left out. Keeps the timed steps'
+    totals (`timed`, `span_seconds`, `gap_seconds`) for the worker's stats."""
 
     def __init__(self) -> None:
         self._open: _TimedStep | None = None

@@ -28,8 +28,8 @@ SPEC_FACTOR = 2.0
 # low, and one factor per depth over both mixed them. `benchmarks/replay_trees.py --fixed 0.05 --per-token 0.003`:
 # 5.6 instead of 6.0 draft nodes a step on HumanEval and 3.3 instead of 3.5 on ShareGPT for 2.81 / 1.66 tokens a step
 # instead of 2.83 / 1.67 (+1.0% / +0.4% tokens per modelled second; a limit of 1-6 tokens gave the same).
-# A calibration run (float32, 10 prompts; a research script since removed) then had first tokens accepted 0.72 / 0.22 (HumanEval /
-# ShareGPT) where scored 0.73 / 0.34 on long matches, 0.30 / 0.21 where scored 0.25 / 0.22 on short ones.
+# A calibration run (float32, 10 prompts) then had first tokens accepted 0.72 / 0.22 (HumanEval / ShareGPT) where scored
+# 0.73 / 0.34 on long matches, 0.30 / 0.21 where scored 0.25 / 0.22 on short ones.
 SHORT_MATCH = 2
 
 
