@@ -1,0 +1,1071 @@
+"""Speculative methods measured by vLLM's own clients: `vllm bench serve` against `vllm serve`, `vllm bench throughput`.
+
+    python benchmarks/bench_serve.py                                   # float32, the full sweep (hours on 2 cores)
+    python benchmarks/bench_serve.py --dtype bfloat16 --rounds 3       # medians over 3 interleaved rounds
+    python benchmarks/bench_serve.py --methods none,lookahead --datasets random --concurrency 1 \\
+        --num-prompts 2 --output-len 16 --no-offline                   # a smoke run (a few minutes)
+
+For each round (`--rounds R`; each round's method order rotated by one) and each method of `--methods` (default: plain
+decoding `none`, `ngram`, `suffix`, `lookahead`; any method of `vllm_lookahead.tools.bench.METHODS`), the script starts
+one `vllm serve MODEL` on 127.0.0.1 (a free port) under the project's CPU runtime
+(`python -m vllm_lookahead.tools.cpu_runtime run -- vllm serve ...`) with the method's `--speculative-config`,
+`--dtype`, a `--max-model-len` sized for the prompts, `--max-num-seqs` = the largest concurrency and
+`--max-num-batched-tokens 2048` (one step budget for every engine and concurrency), waits for
+`/health`, sends a few warm-up requests (an unrelated repetitive prompt), and then, for each dataset and each
+concurrency of `--concurrency` (default 1,4,16,64), runs
+
+    vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(2 C, --num-prompts)) --request-rate inf
+        --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result ...
+
+Server start-up, compilation and warm-up are not timed; each client run is timed by vLLM's client itself. The server's
+`/metrics` is scraped right before and after each client run. With `--offline` (the default) each round then runs
+`vllm bench throughput` (its own engine, all prompts at once, `--max-num-seqs` = the largest concurrency, as many
+prompts as the largest concurrency's serve run, `--num-warmups` = `--warmup-requests`) per method and dataset. Its
+warm-up prompts are drawn by vLLM from the same prompt file (random: from another seed), so on chat and code the
+methods that learn from earlier outputs may have seen a few of the measured prompts once, sampled.
+
+Datasets (`--datasets`, default random,chat,code):
+- `random`: vLLM's own (`--random-input-len 128 --random-output-len 128` by default; vLLM ignores EOS for it). Each
+  concurrency level gets its own seed, so the prompts differ between levels.
+- `chat`: ShareGPT first human turns in the model's chat template (`vllm_lookahead.tools.bench.set_prompts`);
+  `code`: HumanEval prompts, raw (code completion). Both are written as ShareGPT-format JSON
+  (`[{"conversations": [{"from": "human", "value": PROMPT}, {"from": "gpt", "value": ""}]}]`), the one file format
+  both `vllm bench serve` and `vllm bench throughput` read (0.32's `throughput` has no `custom` dataset); the length
+  comes from `--sharegpt-output-len` / `--output-len`. vLLM's ShareGPT loader sends the prompt text as it is (no chat
+  template of its own), so chat prompts are templated exactly once. Each concurrency level gets its own slice of
+  prompts (a server's prefix cache and the suffix caches of suffix / lookahead would otherwise have seen them);
+  HumanEval's 164 prompts wrap around when the levels need more (the run says how many were reused).
+
+Greedy by default (`--temperature 0`, sent with each request). EOS ends chat and code requests unless `--ignore-eos`.
+`vllm bench throughput` cannot be made greedy: vLLM 0.32 hard-codes temperature 1.0 and ignore_eos for it (so it
+runs with `VLLM_LOOKAHEAD_FIX_CPU_SAMPLING=1`, as every engine here does, for vLLM's methods' CPU rejection sampler).
+
+Reported per run kind (serve / offline), dataset, method and concurrency, as medians over the rounds with their
+min-max spread: output tokens/s (vLLM's `output_throughput`; offline: output tokens / `elapsed_time`), the ratio to
+plain decoding in the same round (the median of the per-round ratios), mean and p99 TTFT, mean and p99 ITL (vLLM's
+client measures ITL between streamed chunks: a speculative step that returns k tokens is one interval; TPOT, per
+token, is in the JSON), and tokens per forward = generated tokens / (generated tokens - accepted draft tokens), both
+from the server's /metrics counters (`vllm:generation_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total`)
+before and after the run (1.0 for plain decoding; not available offline). Also in the JSON: vLLM's own
+`spec_decode_acceptance_rate` / `_length` from the saved result.
+
+Output (`--out`, default `benchmarks/results/serve/<dtype>/`, not tracked by git), named after the settings (TAG):
+`TAG.md` (the table, also printed), `TAG.png` (output tokens/s and mean TTFT against concurrency, one panel per
+dataset), `TAG.json` (settings, every run's record, the summary; rewritten after each run), and `TAG/`: `logs/` (each
+server's and client's output), `raw/` (vLLM's saved result JSON of each run, each server's last /metrics scrape) and
+`datasets/` (the prompt files). A server that fails to start is reported with its log's tail and the sweep goes on
+with the other methods; servers are killed on every exit path (Ctrl-C, SIGTERM, errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm_lookahead.tools import bench
+
+HOST = "127.0.0.1"
+# The methods every benchmark script compares (method -> speculative_config; what each needs installed), shared.
+METHODS, REQUIRES = bench.METHODS, bench.REQUIRES
+DATASETS = ("random", "chat", "code")
+# Repetitive, so speculative methods draft and verify during warm-up; unrelated to the datasets, so methods that learn
+# from earlier outputs (suffix, lookahead's suffix cache) gain nothing on the measured prompts.
+WARMUP_PROMPT = "Repeat: the cat sat on the mat, the cat sat on the mat, the cat sat on the mat,"
+# vLLM's ShareGPT loader drops prompts outside these bounds (`is_valid_sequence`): the files hold none of them.
+SHAREGPT_MIN_PROMPT, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+# /metrics counters (Prometheus text; summed over label sets, e.g. engines)
+GENERATION = "vllm:generation_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+COUNTERS = (GENERATION, ACCEPTED, DRAFTS, DRAFT_TOKENS)
+# The summary's metrics: record key -> table header
+METRICS = {
+    "output_tps": "tok/s",
+    "ttft_mean_ms": "TTFT mean",
+    "ttft_p99_ms": "TTFT p99",
+    "itl_mean_ms": "ITL mean",
+    "itl_p99_ms": "ITL p99",
+    "tpot_mean_ms": "TPOT mean",
+    "tokens_per_forward": "tok/fwd",
+    "acceptance_rate": "accept %",
+}
+
+
+# ------------------------------------------------------------------------------------------------------- arguments
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _name_list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", default=bench.DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
+    p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma list of client concurrencies (--max-concurrency)")
+    p.add_argument("--num-prompts", type=int, default=8, help="N: a run at concurrency C sends max(2 C, N) prompts")
+    p.add_argument("--max-prompts", type=int, default=128, help="cap on a run's prompts")
+    p.add_argument("--output-len", type=int, default=128, help="max new tokens per request (every dataset)")
+    p.add_argument("--random-input-len", type=int, default=128, help="prompt tokens of the random dataset")
+    p.add_argument("--ignore-eos", action="store_true", help="chat/code requests run to --output-len (random always)")
+    p.add_argument("--temperature", type=float, default=0.0, help="the serve runs' temperature (0: greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="the serve runs' top-p (default: the server's)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--model", default=None, help="a model name of vllm_lookahead.tools.models or a folder (default: SmolLM2)"
+    )
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the longest prompt + output + margin")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="every engine's step token budget (vLLM's default depends on the entry point and on max_num_seqs x "
+        "max_model_len: 256 for a server at concurrency 1 here, which would cut the speculative methods' drafts)",
+    )
+    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: compiled, cached after a first run)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the whole method sweep (medians over rounds)")
+    p.add_argument(
+        "--offline", action=argparse.BooleanOptionalAction, default=True, help="also `vllm bench throughput`"
+    )
+    p.add_argument("--warmup-requests", type=int, default=4, help="untimed requests after each server's start")
+    p.add_argument("--kv-cache-gib", type=float, default=2.0, help="VLLM_CPU_KVCACHE_SPACE (unless already set)")
+    p.add_argument(
+        "--runtime", default="project", choices=["project", "vllm"], help="project: cpu_runtime; vllm: as is"
+    )
+    p.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a server to answer /health")
+    p.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for one client or offline run")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lookahead-config", default=None, help="JSON merged into every lookahead* speculative_config")
+    p.add_argument("--out", default=None, help="results folder (default benchmarks/results/serve/<dtype>/)")
+    args = p.parse_args(argv)
+    args.method_list = _name_list(args.methods)
+    args.dataset_list = _name_list(args.datasets)
+    try:
+        args.concurrency_list = sorted(set(_int_list(args.concurrency)))
+    except ValueError:
+        p.error("--concurrency must be a comma list of integers")
+    for m in args.method_list:
+        if m not in METHODS:
+            p.error(f"unknown method '{m}'; known: {', '.join(METHODS)}")
+    for d in args.dataset_list:
+        if d not in DATASETS:
+            p.error(f"unknown dataset '{d}'; known: {', '.join(DATASETS)}")
+    if not args.method_list or not args.dataset_list or not args.concurrency_list:
+        p.error("--methods, --datasets and --concurrency must not be empty")
+    if min(args.concurrency_list) < 1 or min(args.num_prompts, args.max_prompts, args.output_len, args.rounds) < 1:
+        p.error("--concurrency, --num-prompts, --max-prompts, --output-len and --rounds must be positive")
+    if args.lookahead_config is not None:
+        try:
+            extra = json.loads(args.lookahead_config)
+        except json.JSONDecodeError as e:
+            p.error(f"--lookahead-config is not JSON: {e}")
+        if not isinstance(extra, dict):
+            p.error("--lookahead-config must be a JSON object")
+    if args.out is None:
+        args.out = str(Path("benchmarks") / "results" / "serve" / args.dtype)
+    return args
+
+
+def run_tag(args: argparse.Namespace) -> str:
+    """The settings in a file name."""
+    conc = "-".join(str(c) for c in args.concurrency_list)
+    tag = f"{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_c{conc}_n{args.num_prompts}"
+    tag += f"-{args.max_prompts}_t{args.output_len}_R{args.rounds}"
+    return tag + ("_eager" if args.eager else "")
+
+
+def speculative_config(method: str, args: argparse.Namespace) -> dict[str, Any] | None:
+    return bench.speculative_config(method, args.lookahead_config)
+
+
+def engine_flags(method: str) -> list[str]:
+    """The method's engine options beyond the shared ones (`bench.engine_options`), as `vllm` command-line flags."""
+    flags = []
+    for key, value in bench.engine_options(method).items():
+        name = key.replace("_", "-")
+        flags.append(f"--{name}" if value is True else f"--no-{name}" if value is False else f"--{name}={value}")
+    return flags
+
+
+def num_prompts_for(concurrency: int, n: int, cap: int) -> int:
+    """A run's prompts: at least two per concurrent slot (so the batch stays full past the first wave), at least n,
+    at most cap."""
+    return min(cap, max(2 * concurrency, n))
+
+
+def prompt_slices(concurrencies: Iterable[int], n: int, cap: int) -> dict[int, tuple[int, int]]:
+    """concurrency -> (first prompt index, count): consecutive, disjoint slices in concurrency order."""
+    slices, start = {}, 0
+    for c in concurrencies:
+        count = num_prompts_for(c, n, cap)
+        slices[c] = (start, count)
+        start += count
+    return slices
+
+
+# ------------------------------------------------------------------------------------------------------ datasets
+
+
+def sharegpt_records(prompts: Iterable[str]) -> list[dict[str, Any]]:
+    """Prompts in the ShareGPT format vLLM's loader reads (it keeps entries with at least two turns; the answer's
+    length is only read when no output length is given, and one always is here)."""
+    return [{"conversations": [{"from": "human", "value": p}, {"from": "gpt", "value": ""}]} for p in prompts]
+
+
+def write_sharegpt_file(path: Path, prompts: Sequence[str]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sharegpt_records(prompts), ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def loadable(prompt_tokens: int, output_len: int) -> bool:
+    """Whether vLLM's ShareGPT loader keeps a prompt of this length (vllm.benchmarks.datasets.is_valid_sequence with an
+    output length given)."""
+    return (
+        SHAREGPT_MIN_PROMPT <= prompt_tokens <= SHAREGPT_MAX_PROMPT and prompt_tokens + output_len <= SHAREGPT_MAX_TOTAL
+    )
+
+
+def dataset_prompts(dataset: str, count: int, tokenizer: Any, output_len: int) -> tuple[list[str], list[int]]:
+    """Up to `count` distinct prompts of a file dataset (chat: templated ShareGPT; code: raw HumanEval) that vLLM's
+    loader keeps, with their token counts. HumanEval has fewer than a full sweep may need: the caller wraps around."""
+    prompts: list[str] = []
+    lengths: list[int] = []
+    want = count
+    while True:
+        if dataset == "code":
+            raw = bench.set_prompts("humaneval", min(want, bench.HUMANEVAL_SIZE), tokenizer)
+        else:
+            raw = bench.set_prompts("sharegpt", want, tokenizer)
+        prompts, lengths = [], []
+        for text in raw:
+            n = len(tokenizer(text).input_ids)
+            if loadable(n, output_len):
+                prompts.append(text)
+                lengths.append(n)
+        # Some were too long for vLLM's loader: ask for more, unless the source has no more.
+        if len(prompts) >= count or len(raw) < want or (dataset == "code" and want >= bench.HUMANEVAL_SIZE):
+            return prompts[:count], lengths[:count]
+        want += count - len(prompts)
+
+
+def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tuple[dict[str, Any], int, list[str]]:
+    """The prompt files of the file datasets: (dataset -> {"serve": {concurrency: path}, "offline": path}), the longest
+    prompt in tokens (random's included) and notes for the report (prompts reused)."""
+    slices = prompt_slices(args.concurrency_list, args.num_prompts, args.max_prompts)
+    total = sum(count for _, count in slices.values())
+    offline_count = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts)
+    files: dict[str, Any] = {}
+    notes: list[str] = []
+    longest = args.random_input_len if "random" in args.dataset_list else 0
+    for dataset in args.dataset_list:
+        if dataset == "random":
+            continue
+        prompts, lengths = dataset_prompts(dataset, max(total, offline_count), tokenizer, args.output_len)
+        if not prompts:
+            raise RuntimeError(f"no {dataset} prompt fits vLLM's ShareGPT loader with --output-len {args.output_len}")
+        if len(prompts) < total:
+            notes.append(
+                f"{dataset}: {total} prompts wanted over the concurrency levels, {len(prompts)} exist: "
+                f"{total - len(prompts)} are reused (wrapped around) on the same server"
+            )
+        longest = max(longest, *lengths)
+        serve = {}
+        for c, (start, count) in slices.items():
+            chosen = [prompts[(start + i) % len(prompts)] for i in range(count)]
+            serve[c] = write_sharegpt_file(folder / f"{dataset}_c{c}.json", chosen)
+        offline = [prompts[i % len(prompts)] for i in range(offline_count)]
+        files[dataset] = {"serve": serve, "offline": write_sharegpt_file(folder / f"{dataset}_offline.json", offline)}
+    return files, longest, notes
+
+
+def max_model_len_for(longest_prompt: int, output_len: int) -> int:
+    """Room for the longest prompt and its output, with a margin (the chat template, tokenizer differences), in whole
+    blocks of 64."""
+    need = longest_prompt + output_len + 64
+    return -(-need // 64) * 64
+
+
+# ------------------------------------------------------------------------------------------------ /metrics parsing
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The counters in COUNTERS, summed over label sets, and the accepted tokens per draft position, from a /metrics
+    scrape (Prometheus text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, Any] = {name: 0.0 for name in COUNTERS}
+    per_pos: dict[int, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+            elif sample.name == "vllm:spec_decode_num_accepted_tokens_per_pos_total" and "position" in sample.labels:
+                pos = int(sample.labels["position"])
+                per_pos[pos] = per_pos.get(pos, 0.0) + sample.value
+    totals["accepted_per_pos"] = per_pos
+    return totals
+
+
+def metrics_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What one run added to the counters."""
+    delta: dict[str, Any] = {name: after[name] - before[name] for name in COUNTERS}
+    positions = sorted(set(before["accepted_per_pos"]) | set(after["accepted_per_pos"]))
+    delta["accepted_per_pos"] = [
+        after["accepted_per_pos"].get(p, 0.0) - before["accepted_per_pos"].get(p, 0.0) for p in positions
+    ]
+    return delta
+
+
+def tokens_per_forward(output_tokens: float, accepted_tokens: float) -> float | None:
+    """Tokens a request gains per target forward: each forward yields one token of its own plus the drafts it
+    accepted, so forwards = output - accepted. None without output."""
+    forwards = output_tokens - accepted_tokens
+    return output_tokens / forwards if output_tokens > 0 and forwards > 0 else None
+
+
+# --------------------------------------------------------------------------------------------- result parsing
+
+
+def parse_serve_result(result: dict[str, Any], delta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The numbers this benchmark reports from `vllm bench serve --save-result`'s JSON (and the run's /metrics
+    counters, when scraped)."""
+    row: dict[str, Any] = {
+        "output_tps": result["output_throughput"],
+        "duration_s": result["duration"],
+        "completed": result["completed"],
+        "failed": result.get("failed", 0),
+        "output_tokens": result["total_output_tokens"],
+        "input_tokens": result["total_input_tokens"],
+        "request_throughput": result["request_throughput"],
+    }
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "p50", "p99"):
+            key = f"{stat}_{metric}_ms"
+            if key in result:
+                row[f"{metric}_{stat}_ms"] = result[key]
+    if "spec_decode_acceptance_rate" in result:
+        row["acceptance_rate"] = result["spec_decode_acceptance_rate"]
+        row["acceptance_length"] = result["spec_decode_acceptance_length"]
+        row["client_accepted_tokens"] = result["spec_decode_accepted_tokens"]
+        row["client_draft_tokens"] = result["spec_decode_draft_tokens"]
+    if delta is not None:
+        row["server_generated_tokens"] = delta[GENERATION]
+        row["accepted_tokens"] = delta[ACCEPTED]
+        row["draft_tokens"] = delta[DRAFT_TOKENS]
+        row["drafts"] = delta[DRAFTS]
+        row["accepted_per_pos"] = delta["accepted_per_pos"]
+        row["tokens_per_forward"] = tokens_per_forward(delta[GENERATION], delta[ACCEPTED])
+    return row
+
+
+def parse_throughput_result(result: dict[str, Any], log_text: str, output_len: int) -> dict[str, Any]:
+    """`vllm bench throughput --output-json`'s numbers. Its JSON has elapsed time, requests and prompt + output tokens
+    but not the output tokens alone: taken from its printed `Total num output tokens:` (counted from the outputs),
+    else requests x output length (it always sets ignore_eos, so every request runs to its length)."""
+    output_tokens: float | None = None
+    source = "requests x output length"
+    for line in log_text.splitlines():
+        if line.startswith("Total num output tokens:"):
+            output_tokens, source = float(line.split(":", 1)[1]), "counted by vllm bench throughput"
+    if output_tokens is None:
+        output_tokens = float(result["num_requests"] * output_len)
+    elapsed = result["elapsed_time"]
+    return {
+        "output_tps": output_tokens / elapsed,
+        "duration_s": elapsed,
+        "completed": result["num_requests"],
+        "output_tokens": output_tokens,
+        "output_tokens_source": source,
+        "total_tps": result["tokens_per_second"],
+        "request_throughput": result["requests_per_second"],
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ summary
+
+
+def spread(values: Sequence[float]) -> dict[str, float] | None:
+    """Median and range of the rounds' values (None when no round has one)."""
+    vals = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    if not vals:
+        return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def summarize(records: Sequence[dict[str, Any]], methods: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per (kind, dataset, method, concurrency): each metric's median over rounds with its spread, and the
+    ratio to plain decoding (`none`) in the same round, dataset and concurrency, as the median of per-round ratios."""
+    ok = [r for r in records if r.get("status") == "ok"]
+    base = {
+        (r["kind"], r["dataset"], r["concurrency"], r["round"]): r["output_tps"] for r in ok if r["method"] == "none"
+    }
+    keys: list[tuple[str, str, str, int]] = []
+    for r in records:
+        key = (r["kind"], r["dataset"], r["method"], r["concurrency"])
+        if key not in keys:
+            keys.append(key)
+    order = {m: i for i, m in enumerate(methods)}
+    kinds = {"serve": 0, "offline": 1}
+    keys.sort(key=lambda k: (kinds.get(k[0], 9), k[1], k[3], order.get(k[2], len(order))))
+    rows = []
+    for kind, dataset, method, conc in keys:
+        mine = [
+            r for r in ok if (r["kind"], r["dataset"], r["method"], r["concurrency"]) == (kind, dataset, method, conc)
+        ]
+        failed = [
+            r
+            for r in records
+            if (r["kind"], r["dataset"], r["method"], r["concurrency"]) == (kind, dataset, method, conc)
+            and r.get("status") != "ok"
+        ]
+        row: dict[str, Any] = {
+            "kind": kind,
+            "dataset": dataset,
+            "method": method,
+            "concurrency": conc,
+            "rounds": len(mine),
+            "failed_rounds": len(failed),
+        }
+        if failed:
+            row["errors"] = sorted({str(r.get("error", r.get("status")))[:200] for r in failed})
+        for metric in METRICS:
+            row[metric] = spread([r.get(metric) for r in mine])
+        ratios = [
+            r["output_tps"] / base[(kind, dataset, conc, r["round"])]
+            for r in mine
+            if base.get((kind, dataset, conc, r["round"]))
+        ]
+        row["ratio"] = spread(ratios)
+        rows.append(row)
+    return rows
+
+
+def _fmt(stat: dict[str, float] | None, digits: int = 1, ranged: bool = True) -> str:
+    if stat is None:
+        return "-"
+    text = f"{stat['median']:.{digits}f}"
+    if ranged and stat["n"] > 1:
+        text += f" ({stat['min']:.{digits}f}-{stat['max']:.{digits}f})"
+    return text
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table: medians over rounds, (min-max) when there are several."""
+    head = (
+        "| run | dataset | method | conc | tok/s | vs none | TTFT mean / p99 ms | ITL mean / p99 ms | tok/fwd | rounds"
+    )
+    lines = [head + " |", "|" + "---|" * 10]
+    for r in rows:
+        ttft = f"{_fmt(r['ttft_mean_ms'], 0)} / {_fmt(r['ttft_p99_ms'], 0, False)}" if r["ttft_mean_ms"] else "-"
+        itl = f"{_fmt(r['itl_mean_ms'], 1)} / {_fmt(r['itl_p99_ms'], 1, False)}" if r["itl_mean_ms"] else "-"
+        rounds = str(r["rounds"]) + (f" ({r['failed_rounds']} failed)" if r["failed_rounds"] else "")
+        cells = [
+            r["kind"],
+            r["dataset"],
+            r["method"],
+            str(r["concurrency"]),
+            _fmt(r["output_tps"]),
+            _fmt(r["ratio"], 2),
+            ttft,
+            itl,
+            _fmt(r["tokens_per_forward"], 2),
+            rounds,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(
+    rows: Sequence[dict[str, Any]], datasets: Sequence[str], methods: Sequence[str], path: Path, title: str
+) -> None:
+    """Serve runs: output tokens/s (top) and mean TTFT (bottom) against concurrency, one column per dataset; the bars
+    span the rounds' range."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets), 7.5), squeeze=False)
+    for col, dataset in enumerate(datasets):
+        for line, (metric, label) in enumerate((("output_tps", "output tokens/s"), ("ttft_mean_ms", "mean TTFT (ms)"))):
+            ax = axes[line][col]
+            for method in methods:
+                pts = [
+                    r
+                    for r in rows
+                    if r["kind"] == "serve" and r["dataset"] == dataset and r["method"] == method and r[metric]
+                ]
+                if not pts:
+                    continue
+                xs = [r["concurrency"] for r in pts]
+                ys = [r[metric]["median"] for r in pts]
+                lo = [y - r[metric]["min"] for y, r in zip(ys, pts, strict=True)]
+                hi = [r[metric]["max"] - y for y, r in zip(ys, pts, strict=True)]
+                err = [lo, hi]
+                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency")
+            ax.set_ylabel(label)
+            if line == 0:
+                ax.set_title(dataset)
+            ax.grid(True, alpha=0.3)
+            if col == 0 and line == 0:
+                ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------ processes
+
+_LIVE: set[subprocess.Popen] = set()  # every child process group still running: killed on any exit
+
+
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM if this script dies without cleaning up (SIGKILL, a crash).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """CMD in its own process group (so it and its children can be killed together), output to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
+        )
+    _LIVE.add(proc)
+    return proc
+
+
+def kill(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM to the process group, SIGKILL after grace_s (and to any straggler of the group)."""
+    try:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the leader
+    except (ProcessLookupError, PermissionError):
+        pass
+    _LIVE.discard(proc)
+
+
+def kill_all() -> None:
+    for proc in list(_LIVE):
+        kill(proc, grace_s=10.0)
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def vllm_command() -> list[str]:
+    """The `vllm` command of this environment."""
+    script = Path(sys.executable).parent / "vllm"
+    return [str(script)] if script.exists() else [shutil.which("vllm") or "vllm"]
+
+
+def runtime_prefix(args: argparse.Namespace) -> list[str]:
+    """Engines run under the project's CPU runtime (TCMalloc + Intel OpenMP preloaded, threads bound to all cores on
+    a small machine) unless --runtime vllm."""
+    if args.runtime == "vllm":
+        return []
+    return [sys.executable, "-m", "vllm_lookahead.tools.cpu_runtime", "run", "--"]
+
+
+def engine_env(args: argparse.Namespace, method: str) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{args.kv_cache_gib:g}")
+    # The method's own variables; the CPU rejection-sampler fix on for every method, sampled or not (vLLM 0.32's reads
+    # uninitialised temperatures for ngram / suffix drafts when sampling, and `vllm bench throughput` always samples;
+    # a no-op for greedy requests).
+    env.update(bench.method_environment(method, sampled=True))
+    return env
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read().decode("utf-8", errors="replace")
+
+
+class Server:
+    """One `vllm serve` for one method: started, checked healthy and warmed up on entry, killed on exit."""
+
+    def __init__(self, method: str, args: argparse.Namespace, model: str, max_model_len: int, log_path: Path):
+        self.method, self.args, self.model, self.max_model_len, self.log_path = (
+            method,
+            args,
+            model,
+            max_model_len,
+            log_path,
+        )
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    @property
+    def base(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def command(self) -> list[str]:
+        a = self.args
+        cmd = [
+            *runtime_prefix(a), *vllm_command(), "serve", self.model, "--host", HOST, "--port", str(self.port),
+            "--dtype", a.dtype, "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(max(a.concurrency_list)), "--max-num-batched-tokens", str(a.max_num_batched_tokens),
+            "--seed", str(a.seed), "--disable-uvicorn-access-log",
+        ]  # fmt: skip
+        if a.eager:
+            cmd.append("--enforce-eager")
+        cmd += engine_flags(self.method)
+        spec = speculative_config(self.method, a)
+        if spec is not None:
+            cmd += ["--speculative-config", json.dumps(spec)]
+        return cmd
+
+    def __enter__(self) -> Server:
+        for attempt in range(3):  # a port taken between our check and the server's bind: try another
+            self.port = free_port()
+            self.proc = spawn(self.command(), self.log_path, engine_env(self.args, self.method))
+            try:
+                self._wait_healthy()
+                break
+            except BaseException as e:
+                kill(self.proc)
+                retry = isinstance(e, RuntimeError) and "address already in use" in log_tail(self.log_path, 200).lower()
+                if attempt < 2 and retry:
+                    continue
+                raise
+        try:
+            self._warm_up()
+        except BaseException:
+            kill(self.proc)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.save_metrics()
+            kill(self.proc)
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.args.start_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"vllm serve ({self.method}) exited with code {self.proc.returncode} before answering /health; "
+                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                )
+            try:
+                if http_get(f"{self.base}/health", timeout=5)[0] == 200:
+                    return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"vllm serve ({self.method}) not healthy after {self.args.start_timeout:.0f} s; "
+                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
+                )
+            time.sleep(2)
+
+    def _complete(self, prompt: str, max_tokens: int) -> None:
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
+        req = urllib.request.Request(
+            f"{self.base}/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            resp.read()
+
+    def _warm_up(self) -> None:
+        """A few untimed concurrent requests: first-use costs (kernels, allocator, the plugin's step timing) off the
+        clock."""
+        errors: list[BaseException] = []
+
+        def one() -> None:
+            try:
+                self._complete(WARMUP_PROMPT, 32)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=one) for _ in range(self.args.warmup_requests)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise RuntimeError(f"warm-up request failed on {self.method}: {errors[0]}; log {self.log_path}")
+
+    def metrics(self) -> tuple[dict[str, Any], str]:
+        status, text = http_get(f"{self.base}/metrics", timeout=30)
+        if status != 200:
+            raise RuntimeError(f"/metrics answered {status}")
+        return parse_metrics(text), text
+
+    def save_metrics(self) -> None:
+        """The last scrape, kept beside the raw results (what the counters looked like)."""
+        try:
+            text = self.metrics()[1]
+        except Exception:
+            return
+        path = self.log_path.parent.parent / "raw" / (self.log_path.stem.replace("server_", "metrics_") + ".txt")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def run_to_end(cmd: list[str], log_path: Path, env: dict[str, str], timeout: float) -> int:
+    """Run CMD (its own process group, output to log_path) to its end; killed on timeout or on any exception."""
+    proc = spawn(cmd, log_path, env)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with open(log_path, "a") as log:
+            log.write(f"\n[bench_serve] killed after {timeout:.0f} s\n")
+        return -9
+    finally:
+        kill(proc)
+
+
+# ------------------------------------------------------------------------------------------------------ the runs
+
+
+def serve_client_command(
+    args: argparse.Namespace, port: int, model: str, dataset: str, concurrency: int, n: int, files: dict[str, Any]
+) -> list[str]:
+    cmd = [
+        *vllm_command(), "bench", "serve", "--backend", "openai", "--host", HOST, "--port", str(port),
+        "--model", model, "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
+        "--temperature", f"{args.temperature:g}", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,99", "--disable-tqdm",
+    ]  # fmt: skip
+    if args.top_p is not None:
+        cmd += ["--top-p", f"{args.top_p:g}"]
+    if dataset == "random":
+        # A seed per concurrency level: different prompts at each level on the same server.
+        seed = args.seed + args.concurrency_list.index(concurrency)
+        cmd += ["--dataset-name", "random", "--random-input-len", str(args.random_input_len)]
+        cmd += ["--random-output-len", str(args.output_len), "--seed", str(seed)]
+    else:
+        cmd += ["--dataset-name", "sharegpt", "--dataset-path", str(files[dataset]["serve"][concurrency])]
+        cmd += ["--sharegpt-output-len", str(args.output_len), "--disable-shuffle", "--no-oversample"]
+        cmd += ["--seed", str(args.seed)]
+        if args.ignore_eos:
+            cmd.append("--ignore-eos")
+    return cmd
+
+
+def throughput_command(
+    args: argparse.Namespace,
+    method: str,
+    model: str,
+    dataset: str,
+    max_model_len: int,
+    files: dict[str, Any],
+    out: Path,
+) -> list[str]:
+    n = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts)
+    cmd = [
+        *runtime_prefix(args), *vllm_command(), "bench", "throughput", "--model", model, "--dtype", args.dtype,
+        "--max-model-len", str(max_model_len), "--max-num-seqs", str(max(args.concurrency_list)),
+        "--max-num-batched-tokens", str(args.max_num_batched_tokens), "--seed", str(args.seed),
+        "--num-prompts", str(n), "--num-warmups", str(args.warmup_requests), "--output-json", str(out),
+    ]  # fmt: skip
+    if args.eager:
+        cmd.append("--enforce-eager")
+    cmd += engine_flags(method)
+    spec = speculative_config(method, args)
+    if spec is not None:
+        cmd += ["--speculative-config", json.dumps(spec)]
+    if dataset == "random":
+        cmd += ["--dataset-name", "random", "--random-input-len", str(args.random_input_len)]
+        cmd += ["--random-output-len", str(args.output_len)]
+    else:
+        cmd += ["--dataset-name", "sharegpt", "--dataset-path", str(files[dataset]["offline"])]
+        cmd += ["--output-len", str(args.output_len)]
+    return cmd
+
+
+def progress(record: dict[str, Any], rounds: int, elapsed: float) -> str:
+    head = (
+        f"[round {record['round'] + 1}/{rounds}] {record['kind']:<7} {record['method']:<10} {record['dataset']:<6} "
+        f"c={record['concurrency']:<3}"
+    )
+    if record["status"] != "ok":
+        return f"{head} {record['status'].upper()}: {str(record.get('error', ''))[:300]} ({elapsed:.0f} s)"
+    parts = [f"{record['output_tps']:7.1f} tok/s"]
+    if record.get("ttft_mean_ms") is not None:
+        parts.append(f"TTFT {record['ttft_mean_ms']:.0f} ms")
+    if record.get("itl_mean_ms") is not None:
+        parts.append(f"ITL {record['itl_mean_ms']:.1f} ms")
+    if record.get("tokens_per_forward") is not None:
+        parts.append(f"{record['tokens_per_forward']:.2f} tok/fwd")
+    parts.append(f"{record['completed']} req")
+    return f"{head} {', '.join(parts)} ({elapsed:.0f} s)"
+
+
+class Sweep:
+    """The state of one invocation: settings, where things go, the records so far (saved after each run)."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.tag = run_tag(args)
+        self.out = Path(args.out)
+        self.folder = self.out / self.tag
+        self.logs, self.raw = self.folder / "logs", self.folder / "raw"
+        self.records: list[dict[str, Any]] = []
+        self.settings: dict[str, Any] = {}
+
+    def add(self, record: dict[str, Any], elapsed: float) -> None:
+        self.records.append(record)
+        print(progress(record, self.args.rounds, elapsed), flush=True)
+        self.save()
+
+    def save(self) -> None:
+        data = {
+            "settings": self.settings,
+            "records": self.records,
+            "summary": summarize(self.records, self.args.method_list),
+        }
+        path = self.out / f"{self.tag}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+        tmp.replace(path)
+
+    def serve_round(self, rnd: int, method: str, model: str, max_model_len: int, files: dict[str, Any]) -> None:
+        a = self.args
+        base = {"kind": "serve", "round": rnd, "method": method, "spec_config": speculative_config(method, a)}
+        log = self.logs / f"server_{method}_r{rnd}.log"
+        t0 = time.monotonic()
+        try:
+            server = Server(method, a, model, max_model_len, log).__enter__()
+        except RuntimeError as e:
+            print(f"ERROR: {e}", file=sys.stderr, flush=True)
+            for dataset in a.dataset_list:
+                for c in a.concurrency_list:
+                    record = {**base, "dataset": dataset, "concurrency": c, "status": "server-failed", "error": str(e)}
+                    self.add(record, time.monotonic() - t0)
+            return
+        try:
+            print(f"[round {rnd + 1}/{a.rounds}] {method}: server up on port {server.port} "
+                  f"({time.monotonic() - t0:.0f} s, untimed)", flush=True)  # fmt: skip
+            for dataset in a.dataset_list:
+                for c in a.concurrency_list:
+                    self.serve_run(server, {**base, "dataset": dataset, "concurrency": c}, model, files)
+        finally:
+            server.__exit__(None, None, None)
+
+    def serve_run(self, server: Server, base: dict[str, Any], model: str, files: dict[str, Any]) -> None:
+        a = self.args
+        dataset, c, rnd, method = base["dataset"], base["concurrency"], base["round"], base["method"]
+        n = num_prompts_for(c, a.num_prompts, a.max_prompts)
+        name = f"serve_{method}_{dataset}_c{c}_r{rnd}"
+        result_path = self.raw / f"{name}.json"
+        result_path.unlink(missing_ok=True)
+        cmd = serve_client_command(a, server.port, model, dataset, c, n, files)
+        cmd += [
+            "--save-result",
+            "--result-dir",
+            str(self.raw),
+            "--result-filename",
+            result_path.name,
+            "--label",
+            method,
+        ]
+        t0 = time.monotonic()
+        record: dict[str, Any] = {**base, "num_prompts": n}
+        try:
+            before = server.metrics()[0]
+            code = run_to_end(cmd, self.logs / f"client_{name}.log", {**os.environ}, a.run_timeout)
+            after = server.metrics()[0]
+            if code != 0 or not result_path.exists():
+                raise RuntimeError(
+                    f"vllm bench serve exited with {code}; log {self.logs / f'client_{name}.log'}:\n"
+                    + log_tail(self.logs / f"client_{name}.log", 15)
+                )
+            result = json.loads(result_path.read_text())
+            record.update(parse_serve_result(result, metrics_delta(before, after)))
+            record["result_file"] = str(result_path)
+            record["status"] = "ok" if record["completed"] > 0 else "failed-requests"
+            if record["status"] != "ok":
+                record["error"] = f"{record['failed']} of {n} requests failed"
+            if server.proc is not None and server.proc.poll() is not None:
+                record["status"], record["error"] = "server-died", f"see {server.log_path}"
+        except (RuntimeError, OSError, KeyError, json.JSONDecodeError) as e:
+            record.update(status="error", error=str(e))
+        self.add(record, time.monotonic() - t0)
+
+    def offline_run(self, rnd: int, method: str, dataset: str, model: str, max_model_len: int, files: dict) -> None:
+        a = self.args
+        name = f"offline_{method}_{dataset}_r{rnd}"
+        out = self.raw / f"{name}.json"
+        out.unlink(missing_ok=True)
+        log = self.logs / f"{name}.log"
+        record: dict[str, Any] = {
+            "kind": "offline",
+            "round": rnd,
+            "method": method,
+            "dataset": dataset,
+            "concurrency": max(a.concurrency_list),
+            "num_prompts": num_prompts_for(max(a.concurrency_list), a.num_prompts, a.max_prompts),
+            "spec_config": speculative_config(method, a),
+        }
+        t0 = time.monotonic()
+        try:
+            cmd = throughput_command(a, method, model, dataset, max_model_len, files, out)
+            code = run_to_end(cmd, log, engine_env(a, method), a.run_timeout)
+            if code != 0 or not out.exists():
+                raise RuntimeError(f"vllm bench throughput exited with {code}; log {log}:\n{log_tail(log, 15)}")
+            record.update(
+                parse_throughput_result(json.loads(out.read_text()), log.read_text(errors="replace"), a.output_len)
+            )
+            record.update(status="ok", result_file=str(out))
+        except (RuntimeError, OSError, KeyError, json.JSONDecodeError) as e:
+            record.update(status="error", error=str(e))
+        self.add(record, time.monotonic() - t0)
+
+    def run(self) -> int:
+        a = self.args
+        from transformers import AutoTokenizer
+
+        from vllm_lookahead.tools import cpu_runtime
+
+        model = bench.model_path(a.model)
+        model = str(Path(model).resolve()) if Path(model).exists() else model
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        files, longest, notes = write_datasets(a, tokenizer, self.folder / "datasets")
+        max_model_len = a.max_model_len or max_model_len_for(longest, a.output_len)
+        runtime = cpu_runtime.describe(cpu_runtime.environment()) if a.runtime == "project" else "vLLM defaults"
+        self.settings = {
+            **{k: v for k, v in vars(a).items() if not k.endswith("_list")},
+            "methods": a.method_list,
+            "datasets": a.dataset_list,
+            "concurrency": a.concurrency_list,
+            "num_prompts_per_concurrency": {
+                c: num_prompts_for(c, a.num_prompts, a.max_prompts) for c in a.concurrency_list
+            },
+            "model": model,
+            "max_model_len": max_model_len,
+            "longest_prompt_tokens": longest,
+            "runtime": runtime,
+            "kv_cache_gib": engine_env(a, "none")["VLLM_CPU_KVCACHE_SPACE"],
+            "notes": notes,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        for note in notes:
+            print(f"note: {note}", flush=True)
+        print(f"{self.tag}: model {model}, {a.dtype}, max_model_len {max_model_len}, {runtime}", flush=True)
+        missing = {m: REQUIRES[m] for m in a.method_list if m in REQUIRES and not _importable(REQUIRES[m][0])}
+        for rnd in range(a.rounds):
+            shift = rnd % len(a.method_list)
+            order = a.method_list[shift:] + a.method_list[:shift]  # rotated: no method always first or last
+            for method in order:
+                if method in missing:
+                    self._skip(rnd, method, "serve", f"{missing[method][0]} is not installed ({missing[method][1]})")
+                    continue
+                self.serve_round(rnd, method, model, max_model_len, files)
+            if a.offline:
+                for method in order:
+                    if method in missing:
+                        self._skip(rnd, method, "offline", f"{missing[method][0]} is not installed")
+                        continue
+                    for dataset in a.dataset_list:
+                        self.offline_run(rnd, method, dataset, model, max_model_len, files)
+        self.report()
+        return 0 if any(r["status"] == "ok" for r in self.records) else 1
+
+    def _skip(self, rnd: int, method: str, kind: str, reason: str) -> None:
+        concs = self.args.concurrency_list if kind == "serve" else [max(self.args.concurrency_list)]
+        for dataset in self.args.dataset_list:
+            for c in concs:
+                record = {"kind": kind, "round": rnd, "method": method, "dataset": dataset, "concurrency": c}
+                self.add({**record, "status": "skipped", "error": reason}, 0.0)
+
+    def report(self) -> None:
+        a = self.args
+        rows = summarize(self.records, a.method_list)
+        title = (
+            f"{a.dtype}, {'eager' if a.eager else 'compiled'}, output {a.output_len} tokens, "
+            f"temperature {a.temperature:g} (offline: 1.0), {a.rounds} round(s); {self.settings.get('runtime', '')}"
+        )
+        table = f"# bench_serve {self.tag}\n\n{title}\n\n" + format_table(rows)
+        print("\n" + table)
+        (self.out / f"{self.tag}.md").write_text(table, encoding="utf-8")
+        self.save()
+        png = self.out / f"{self.tag}.png"
+        try:
+            plot(rows, a.dataset_list, a.method_list, png, f"bench_serve {self.tag}\n{title}")
+            print(f"plot: {png}")
+        except Exception as e:  # the table and JSON are the results; a plot failure must not lose them
+            print(f"plot failed: {e}", file=sys.stderr)
+        print(f"results: {self.out / (self.tag + '.json')}; logs and vLLM's raw results: {self.folder}")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sweep = Sweep(args)
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    # SIGTERM / SIGHUP take the same path as Ctrl-C: through every `finally`, so no server outlives the script.
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    try:
+        return sweep.run()
+    except KeyboardInterrupt:
+        print("interrupted: servers stopped; results so far saved", file=sys.stderr)
+        if sweep.records:
+            sweep.save()
+        return 130
+    finally:
+        kill_all()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
