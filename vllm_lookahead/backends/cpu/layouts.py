@@ -7,7 +7,8 @@ A layer's cache is [num_blocks, num_kv_heads, block_size, 2 * head_size]; vLLM v
 that region, with p = 4 // element size (elements per 32-bit word: 2 for bfloat16, 1 for float32):
 - "vec" and "vec16" (vec16 uses vec's writer): key d * block_size + t (stored [head_size, block_size]);
   value t * head_size + d (stored [block_size, head_size]);
-- "amx" (bfloat16; block_size a multiple of 32): keys in groups of 16 tokens, each group [head_size / p, 16, p]
+- "amx" (bfloat16; block and head sizes multiples of 32, as vLLM picks it; at other head sizes vLLM's amx writer
+  writes the vec layout): keys in groups of 16 tokens, each group [head_size / p, 16, p]
   (an AMX B tile: a row of 16 words per pair of dimensions):
   key (t // 16) * 16 * head_size + (d // p) * 16 * p + (t % 16) * p + d % p;
   values in groups of 16 dimensions, each group [block_size / p, 16, p] (pairs of tokens in a word):
@@ -117,9 +118,10 @@ def unsupported(spec: CacheSpec) -> str | None:
     """None where the tree path reads and writes this cache, proven against vLLM's own writer; else why not.
 
     At start-up vLLM's writer is asked for spec.layout: on the host that chose that layout it runs (vLLM writes
-    with it). Where it cannot run (a spec for another host, e.g. amx asked of a vLLM build without AMX kernels:
-    vLLM never picks that layout there), our own writer stands in; `ensure_layout` then checks the layer's own
-    writer at the first step anyway."""
+    with it; its amx writer is plain stores, in the AVX512-BF16 build vLLM loads on every AMX host). Where it cannot
+    run (a spec for another host, e.g. amx asked of vLLM's AVX2 or AVX-512 build, which have no amx writer: vLLM
+    never picks amx there), our own writer stands in; `ensure_layout` checks the layer's own writer at the first
+    step anyway."""
     if spec.layout not in LAYOUTS:
         return f"no tree reader for vLLM's {spec.layout!r} KV-cache layout"
     if spec.kv_cache_dtype != "auto":
