@@ -192,7 +192,7 @@ def test_build_refuses_bad_input():
 
 
 def test_tiling_fills_the_sms():
-    assert tk.choose_tiling([128] * 64, [2048] * 64, 4, 8, 132) == (128, 1)  # plenty of programs: big tiles
+    assert tk.choose_tiling([128] * 64, [2048] * 64, 4, 8, 132) == (64, 1)  # plenty of programs: the tallest auto tile
     bm, splits = tk.choose_tiling([16], [8192], 4, 8, 132)  # one short tree over a long prefix: split it
     assert splits > 1 and bm <= 64 and -(-16 * 4 // bm) * 8 * splits >= 64
     assert tk.choose_tiling([16], [300], 4, 8, 132)[1] == 1  # too short a prefix to be worth a second launch

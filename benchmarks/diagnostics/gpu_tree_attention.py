@@ -409,7 +409,7 @@ def sweep(torch, tk, TreeRows, args, device: str) -> list[dict]:
         heads, kv_heads, head_size, shapes = 4, 2, 64, [(4, 40, 1)]
     else:
         heads, kv_heads, head_size = 32, 8, 128
-        shapes = [(16, 8192, 1), (128, 8192, 1), (32, 2048, 8), (128, 2048, 64), (16, 512, 8)]
+        shapes = [(16, 2048, 1), (128, 2048, 1), (32, 8192, 1), (128, 512, 8), (128, 2048, 64)]
     py_time, _ = make_timer(torch, device)
     results = []
     for nodes, prefix, num_reqs in shapes:
