@@ -18,7 +18,12 @@ def _spec(layout: str = "vec", dtype: torch.dtype = torch.float32, kv: str = "au
 
 
 def test_trees_on_the_layouts_the_cpu_backend_reads():
-    for layout, dtype in (("vec", torch.float32), ("vec", torch.bfloat16), ("vec16", torch.float32)):
+    for layout, dtype in (
+        ("vec", torch.float32),
+        ("vec", torch.bfloat16),
+        ("vec16", torch.float32),
+        ("amx", torch.bfloat16),
+    ):
         backend, why = select(_spec(layout, dtype))
         assert isinstance(backend, CpuTreeBackend) and backend.trees, (layout, why)
         assert why.startswith("trees") and layout in why
@@ -78,3 +83,76 @@ def test_chain_backend_in_the_engine_is_exact_with_more_than_one_token_per_forwa
     assert stats["kernel_attention_steps"] == stats["reference_attention_steps"] == 0  # no tree rows ever
     generated = sum(map(len, got))
     assert generated / stats["steps"] > 1.2, stats  # more than one token per forward (prefill steps included)
+
+
+# --- CUDA ---------------------------------------------------------------------------------------------------------
+
+
+def test_cuda_trees_on_flash_attn_and_triton_attn_chains_elsewhere():
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+
+    for layout in ("auto", "FLASH_ATTN", "TRITON_ATTN"):
+        backend, why = select(CacheSpec("cuda", layout, torch.bfloat16, "auto", 128, 16))
+        assert isinstance(backend, CudaTreeBackend), why
+    for spec in (
+        CacheSpec("cuda", "FLASHINFER", torch.bfloat16, "auto", 128, 16),
+        CacheSpec("cuda", "auto", torch.bfloat16, "fp8", 128, 16),
+        CacheSpec("cuda", "auto", torch.float32, "auto", 128, 16),
+        CacheSpec("cuda", "auto", torch.float16, "auto", 512, 16),
+    ):
+        backend, why = select(spec)
+        assert isinstance(backend, ChainBackend) and why.startswith("chains"), spec
+
+
+def _layer(kind: str, **impl_fields):
+    from types import SimpleNamespace
+
+    fields = dict(head_size=64, sliding_window=None, alibi_slopes=None, sinks=None, logits_soft_cap=None)
+    impl = type(kind, (), {**fields, **impl_fields})()
+    kv = torch.zeros(2, 4, 16, 128, dtype=torch.bfloat16)
+    return SimpleNamespace(impl=impl, kv_cache=kv, layer_name="model.layers.0.attn")
+
+
+def test_cuda_backend_checks_the_real_layers():
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+
+    backend = CudaTreeBackend()
+    assert backend.check_layers([_layer("FlashAttentionImpl"), _layer("TritonAttentionImpl")]) is None
+    for layer, said in (
+        (_layer("FlashInferImpl"), "FlashInferImpl"),
+        (_layer("FlashAttentionImpl", sliding_window=(127, 0)), "sliding window"),
+        (_layer("FlashAttentionImpl", alibi_slopes=torch.ones(4)), "ALiBi"),
+        (_layer("TritonAttentionImpl", sinks=torch.ones(4)), "sinks"),
+        (_layer("TritonAttentionImpl", logits_soft_cap=30.0), "soft-capping"),
+        (_layer("FlashAttentionImpl", kv_cache_dtype="fp8"), "fp8"),
+    ):
+        why = backend.check_layers([_layer("FlashAttentionImpl"), layer])
+        assert why is not None and said in why, (said, why)
+
+
+def test_cuda_relocation_moves_whole_cells_in_vllms_layout():
+    """Accepted nodes' K and V copied slot to slot in every layer, overlapping moves read before written, nothing
+    else touched."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+
+    gen = torch.Generator().manual_seed(0)
+    layers = [SimpleNamespace(kv_cache=torch.randn(6, 16, 2, 64, generator=gen).transpose(1, 2)) for _ in range(3)]
+    before = [layer.kv_cache.clone() for layer in layers]
+    src, dst = [34, 35, 70], [35, 36, 17]  # 35 is read before 34 lands on it; and a move to another block
+    CudaTreeBackend().relocate(layers, src, dst)
+    for layer, old in zip(layers, before, strict=True):
+        want = old.transpose(1, 2).reshape(6 * 16, 2, 64).clone()
+        want[dst] = old.transpose(1, 2).reshape(6 * 16, 2, 64)[src]
+        assert torch.equal(layer.kv_cache.transpose(1, 2).reshape(6 * 16, 2, 64), want)
+    CudaTreeBackend().relocate(layers, [], [])  # nothing to move
+
+
+def test_cuda_patches_apply_only_on_cuda():
+    from vllm_lookahead.glue import patches
+
+    patches.apply_all()
+    names = set(patches.applied())
+    assert "cpu_attn.CPUAttentionBackendImpl.forward" in names
+    assert not {n for n in names if n.startswith(("flash_attn.", "triton_attn."))}

@@ -451,6 +451,51 @@ def test_kernels_compile_for_sm90(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert _compile_sm90(tk._combine_splits_kernel, combine, {"o_ptr": "*bf16", "tiles_ptr": "*i32", **ws}).asm["cubin"]
 
 
+# --- the CUDA backend's glue: vLLM's cache layout, the forward it wraps, relocation -----------------------------
+
+
+def vllm_cache(b: Batch) -> torch.Tensor:
+    """b's cache halves as one layer's cache in FLASH_ATTN / TRITON_ATTN's layout: logical
+    [num_blocks, num_kv_heads, block_size, 2 * head_size], laid out block, token, head (K then V per head)."""
+    cells = torch.cat([b.key_cache, b.value_cache], dim=-1).contiguous()  # [num_blocks, block_size, Hkv, 2D]
+    return cells.transpose(1, 2)
+
+
+@interpreted
+def test_cuda_backend_writes_the_tree_rows_over_vllms_forward():
+    """`attend`: vLLM's forward for every row, then the tree rows by the kernel from the cache in vLLM's layout,
+    descriptors built at the step's first layer only."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend, split
+
+    b = make_batch(
+        [("plain", 3, 20), ("tree", 9, 37), ("plain", 1, 5), ("tree", 5, 16)], num_heads=4, num_kv_heads=2,
+        head_size=32, block_size=8, dtype=torch.float16, seed=11,
+    )  # fmt: skip
+    kv_cache = vllm_cache(b)
+    key_cache, value_cache = split(kv_cache, 32)
+    assert torch.equal(key_cache, b.key_cache) and torch.equal(value_cache, b.value_cache)
+    impl = SimpleNamespace(num_heads=4, num_kv_heads=2, head_size=32, scale=32**-0.5)
+    md = SimpleNamespace(block_table=b.block_table)
+    calls = []
+
+    def vllm_forward(impl_, layer, query, key, value, kv, md_, output):
+        calls.append(kv)
+        return output.fill_(7.0)  # stands for vLLM's rows: plain rows must keep them
+
+    backend, plans = CudaTreeBackend(), {}
+    for _ in range(2):  # two layers of one step
+        out = torch.full_like(b.query, float("nan"))
+        backend.attend(vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, b.rows, plans)
+        assert (out[~b.tree_rows] == 7.0).all()
+        out[~b.tree_rows] = float("nan")
+        check_against_reference(b, out)
+    assert len(calls) == 2 and len(plans) == 1 and backend.used_kernel(plans)
+    with pytest.raises(RuntimeError, match="fused output quantization"):
+        backend.attend(vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, b.rows, plans, torch.ones(1))
+
+
 # --- the parent's delegate ----------------------------------------------------------------------------------------
 
 _INTERPRETED_TESTS = [n for n, f in list(globals().items()) if n.startswith("test_") and getattr(f, "_interpreted", 0)]

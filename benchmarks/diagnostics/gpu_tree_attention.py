@@ -187,6 +187,57 @@ def check_case(torch, tk, ref_mod, step: Step, block_m, num_splits, label: str) 
     }
 
 
+def glue_check(torch, tk, ref_mod, TreeRows, device: str) -> list[dict]:
+    """The CUDA backend's glue on this device: `attend` over a cache in vLLM's FLASH_ATTN / TRITON_ATTN layout (vLLM's
+    forward stood in for by a fill), and `relocate` across 32 layers (checked, then timed)."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+
+    rng = random.Random(5)
+    heads, kv_heads, head_size = (4, 2, 32) if device == "cpu" else (32, 8, 128)
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    reqs = [("plain", 1, 40), ("tree", 24, 300), ("plain", 3, 77), ("tree", 9, 1030)]
+    step = make_step(
+        torch, TreeRows, reqs, num_heads=heads, num_kv_heads=kv_heads, head_size=head_size, block_size=16,
+        dtype=dtype, device=device, rng=rng,
+    )  # fmt: skip
+    kv_cache = torch.cat([step.key_cache, step.value_cache], dim=-1).contiguous().transpose(1, 2)
+    impl = SimpleNamespace(num_heads=heads, num_kv_heads=kv_heads, head_size=head_size, scale=head_size**-0.5)
+    md = SimpleNamespace(block_table=step.block_table)
+    out = torch.full_like(step.query, float("nan"))
+    backend = CudaTreeBackend()
+    backend.attend(lambda *a: a[-1].fill_(7.0), impl, None, step.query, None, None, kv_cache, md, out, step.rows, {})
+    ref = torch.full(out.shape, float("nan"), device=out.device)
+    ref_mod.reference_tree_attention(step.query, step.key_cache, step.value_cache, step.rows, impl.scale, ref)
+    tree_rows = step.tree_rows.to(out.device)
+    err = max(
+        ((out[t.q_start : t.q_start + t.num_nodes].float() - ref[t.q_start : t.q_start + t.num_nodes]).norm()
+         / ref[t.q_start : t.q_start + t.num_nodes].norm()).item()
+        for t in step.rows
+    )  # fmt: skip
+    attend_ok = bool((out[~tree_rows] == 7.0).all()) and err < TOLERANCE[str(dtype).removeprefix("torch.")]
+    layers = [SimpleNamespace(kv_cache=kv_cache.clone()) for _ in range(32)]
+    before = [layer.kv_cache.clone() for layer in layers]
+    src = [1024 + u for u in range(1, 33, 2)]
+    dst = [1024 + d for d in range(1, 17)]
+    backend.relocate(layers, src, dst)
+    moved_ok = True
+    for layer, old in zip(layers, before, strict=True):
+        cells, was = layer.kv_cache.transpose(1, 2).flatten(0, 1), old.transpose(1, 2).flatten(0, 1)
+        want = was.clone()
+        want[dst] = was[src]
+        moved_ok &= bool(torch.equal(cells, want))
+    py_time, _ = make_timer(torch, device)
+    ms = py_time(lambda: backend.relocate(layers, src, dst))
+    print(f"  {'ok  ' if attend_ok else 'FAIL'} attend over vLLM's cache layout, rel err {err:.2e}")
+    print(f"  {'ok  ' if moved_ok else 'FAIL'} relocate 16 nodes x 32 layers: {ms:.3f} ms")
+    return [
+        {"case": "glue attend", "ok": attend_ok, "rel_err": err, "problems": [] if attend_ok else ["attend"]},
+        {"case": "glue relocate", "ok": moved_ok, "ms": ms, "problems": [] if moved_ok else ["relocate"]},
+    ]
+
+
 def check_chains_against_sdpa(torch, F, tk, step: Step) -> dict:
     """Chains (each node its predecessor's child) are causal rows: the kernel against SDPA's lower-right mask."""
     from torch.nn.attention.bias import causal_lower_right
@@ -540,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\ncorrectness (kernel against the float32 reference; output poisoned with NaN first)")
     checks = correctness(torch, F, tk, ref_mod, TreeRows, args, device)
+    print("\nthe CUDA backend's glue (vLLM's cache layout, relocation)")
+    checks += glue_check(torch, tk, ref_mod, TreeRows, device)
     failed = [c for c in checks if not c["ok"]]
     print(f"{len(checks) - len(failed)}/{len(checks)} correctness cases passed ({time.perf_counter() - t0:.0f} s)")
 

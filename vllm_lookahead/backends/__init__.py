@@ -12,12 +12,14 @@ import importlib
 from vllm_lookahead.backends.base import CacheSpec, TreeBackend, TreeRows
 from vllm_lookahead.backends.chain import ChainBackend
 
-__all__ = ["CacheSpec", "ChainBackend", "TreeBackend", "TreeRows", "select", "TREE_BACKENDS"]
+__all__ = ["CHAINS", "CacheSpec", "ChainBackend", "TreeBackend", "TreeRows", "select", "TREE_BACKENDS"]
 
 # Per platform, the tree backends in the order they are tried ("module:Class", imported lazily).
 TREE_BACKENDS: dict[str, tuple[str, ...]] = {
     "cpu": ("vllm_lookahead.backends.cpu.backend:CpuTreeBackend",),
+    "cuda": ("vllm_lookahead.backends.cuda.backend:CudaTreeBackend",),
 }
+CHAINS = "chains (each request's best branch, vLLM's own attention)"
 
 
 def _load(path: str) -> type[TreeBackend]:
@@ -29,7 +31,7 @@ def select(spec: CacheSpec, force_chains: str | None = None) -> tuple[TreeBacken
     """The backend for a KV cache and a sentence saying which path lookahead takes and why.
     force_chains: a reason to run chains whatever the cache (settings the tree path does not serve)."""
     if force_chains:
-        return ChainBackend(), f"chains (each request's best branch, vLLM's own attention): {force_chains}"
+        return ChainBackend(), f"{CHAINS}: {force_chains}"
     reasons = []
     for path in TREE_BACKENDS.get(spec.platform, ()):
         cls = _load(path)
@@ -40,4 +42,4 @@ def select(spec: CacheSpec, force_chains: str | None = None) -> tuple[TreeBacken
     if not reasons:
         reasons.append(f"no tree attention backend for the {spec.platform} platform")
     why = "; ".join(reasons)
-    return ChainBackend(), f"chains (each request's best branch, vLLM's own attention): {why}"
+    return ChainBackend(), f"{CHAINS}: {why}"

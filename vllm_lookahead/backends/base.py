@@ -1,8 +1,9 @@
 """The one interface every attention backend implements, and what the glue hands it.
 
-A backend answers three things for the engine:
+A backend answers these for the engine:
 - `unsupported(spec)`: whether it runs lookahead's tree rows on a given KV cache (its platform, layout, dtype,
   head size, block size); None when it does, else why not (the engine then runs the chain backend and says so once);
+  `check_layers(layers)` confirms it on the model's real attention layers once they exist;
 - `attend(...)`: one attention layer of a step that carries trees: every row of the batch computed, the tree rows
   with each node attending its request's cached prefix and its own ancestors;
 - `relocate(layers, src, dst)`: accepted tree nodes' KV moved from the slots they were written at to the
@@ -85,6 +86,11 @@ class TreeBackend(ABC):
     def relocate(self, layers: Sequence[Any], src: Sequence[int], dst: Sequence[int]) -> None:
         """For every attention layer's cache, copy the KV at global slots `src` to slots `dst` (pairwise; every
         source read before any destination is written)."""
+
+    def check_layers(self, layers: Sequence[Any]) -> str | None:
+        """Once the model's attention layers and caches exist (before the first step): None where this backend
+        computes every layer's tree rows as vLLM's own kernel would, else why not (the engine then runs chains)."""
+        return None
 
     def used_kernel(self, plans: dict[int, object]) -> bool:
         """Whether a step's tree rows went through the backend's fast kernel (for the engine's counters)."""

@@ -18,6 +18,8 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
     """Each row's argmax as vLLM's greedy sampler takes it (`argmax(-1)` of the float32 logits): the first maximal
     index, NaN counting as the largest. numpy's argmax follows the same rule and runs several times faster than
     torch's on a CPU (about 0.06 against 0.4 ms for 20 rows of a 49k vocabulary)."""
+    if logits.device.type != "cpu":  # a GPU's logits: torch's argmax, the same rule, on the device
+        return logits.to(torch.float32).argmax(-1).tolist()
     return logits.to(torch.float32).numpy().argmax(-1).tolist()
 
 

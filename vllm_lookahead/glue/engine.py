@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead.backends import ChainBackend, TreeBackend
+from vllm_lookahead.backends import CHAINS, ChainBackend, TreeBackend
 from vllm_lookahead.core.acceptance import AcceptanceStats
 from vllm_lookahead.core.corpus import read_corpus
 from vllm_lookahead.core.params import LookaheadParams
@@ -41,7 +41,7 @@ from vllm_lookahead.glue.requests import Requests, Shared
 from vllm_lookahead.glue.scheduling import schedule_trees
 from vllm_lookahead.glue.stats import COST_KEYS, LookaheadStats
 from vllm_lookahead.glue.step import LookaheadStep, forward_scope
-from vllm_lookahead.glue.verification import verify_step
+from vllm_lookahead.glue.verification import attention_layers, verify_step
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -59,11 +59,12 @@ class LookaheadEngine:
         max_model_len: int,
         ranks: int = 1,
         tokenize: Callable[[str], list[int]] | None = None,
-        backend: TreeBackend | None = None,
+        backend: tuple[TreeBackend, str] | None = None,
     ) -> None:
         self.params = params
-        # Who computes the tree rows' attention and moves accepted KV; the chain backend drafts chains only.
-        self.backend = backend if backend is not None else ChainBackend()
+        # Who computes the tree rows' attention and moves accepted KV (the chain backend: chains only), and why.
+        self.backend, self.backend_reason = backend or (ChainBackend(), f"{CHAINS}: no backend was chosen")
+        self._confirmed = False
         self.stats = LookaheadStats()
         # Shared by all requests: what nodes of each source turn out to be worth, the suffix trees (with earlier
         # requests' outputs), the recycled tokens, the shared pool.
@@ -117,6 +118,20 @@ class LookaheadEngine:
         )  # fmt: skip
 
     # -- the hooks, in the runner's order ---------------------------------------------------------------------
+    def confirm_backend(self, runner: GPUModelRunner) -> None:
+        """Once the attention layers and their caches exist: the backend checks them, or the engine runs chains;
+        which path lookahead takes and why goes to the log once."""
+        if self.backend.trees:
+            why = self.backend.check_layers(attention_layers(runner))
+            if why is None and getattr(runner, "uses_mrope", False):
+                why = "the model's M-RoPE positions (tree positions are written for plain RoPE)"
+            if why is not None:
+                self.backend, self.backend_reason = ChainBackend(), f"{CHAINS}: {why}"
+                self.drafting.backend = self.backend
+        if not self._confirmed:
+            self._confirmed = True
+            logger.info("lookahead runs %s", self.backend_reason)
+
     def drop_requests(self, scheduler_output: SchedulerOutput) -> None:
         self.requests.drop_finished(scheduler_output)
 

@@ -39,16 +39,41 @@ def cache_spec(vllm_config: VllmConfig) -> CacheSpec:
         except NotImplementedError as e:  # vLLM itself cannot run this cache; it will say so
             layout = f"none ({e})"
         return CacheSpec("cpu", layout, dtype, kv_dtype, head_size, block_size)
+    if current_platform.is_cuda():
+        # vLLM picks each layer's attention backend while loading the model, after this runs: "auto" unless the user
+        # named one; the engine confirms the pick on the real layers (`LookaheadEngine.confirm_backend`).
+        forced = vllm_config.attention_config.backend
+        return CacheSpec("cuda", forced.name if forced is not None else "auto", dtype, kv_dtype, head_size, block_size)
     platform = getattr(current_platform, "device_type", "") or "unknown"
     return CacheSpec(platform, "unknown", dtype, kv_dtype, head_size, block_size)
 
 
-def choose_backend(vllm_config: VllmConfig) -> TreeBackend:
-    """The engine's backend; logs which path lookahead takes and why (once per process)."""
+def choose_backend(vllm_config: VllmConfig) -> tuple[TreeBackend, str]:
+    """The engine's backend, and which path lookahead takes and why (the engine logs it once confirmed)."""
     wanted = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
     if wanted not in BACKEND_CHOICES:
         raise ValueError(f"vllm-lookahead: {BACKEND_ENV}={wanted!r}; expected one of {', '.join(BACKEND_CHOICES)}")
     forced = f"{BACKEND_ENV}=chain" if wanted == "chain" else None
-    backend, why = select(cache_spec(vllm_config), force_chains=forced)
-    logger.info("lookahead runs %s", why)
-    return backend
+    if forced is None and getattr(vllm_config.compilation_config.pass_config, "fuse_attn_quant", False):
+        forced = "attention is fused with output quantization (fuse_attn_quant): the tree rows would not be"
+    return select(cache_spec(vllm_config), force_chains=forced)
+
+
+def attention_outside_graphs(vllm_config: VllmConfig) -> None:
+    """On CUDA, steps with trees must run attention eagerly (vLLM's full CUDA graphs capture attention, and a replay
+    would never reach the tree kernel): full modes become PIECEWISE, where attention runs between the captured
+    pieces, or NONE where attention is not a splitting op. Said once in the log."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return
+    cc = vllm_config.compilation_config
+    mode = cc.cudagraph_mode
+    if mode is None or not mode.has_full_cudagraphs():
+        return
+    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE if cc.splitting_ops_contain_attention() else CUDAGraphMode.NONE
+    logger.info(
+        "lookahead: CUDA graph mode %s -> %s (tree attention runs outside captured graphs)", mode.name,
+        cc.cudagraph_mode.name,
+    )  # fmt: skip

@@ -61,7 +61,7 @@ def schedule_trees(
         step.scheduled.append(ScheduledTree(req_id, idx, q_start, prefix_len, tree, ours))
         if not tree.is_chain:
             n = tree.num_nodes
-            positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype) + prefix_len
+            positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype).add_(prefix_len)
             step.attention_rows.append(
                 TreeRows(idx, q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
             )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from vllm_lookahead.core.tree import StepTree
@@ -55,10 +56,14 @@ def verify_step(
     first_rows_sampled: column 0 of the sampler output holds vLLM's draw at each request's x0 row.
     Returns each verified request's path (input batch index -> tree nodes of its output tokens, root first)."""
     md = runner.input_batch.sampling_metadata
-    # Written through a numpy view: a tenth of the time of two torch operations a request on a CPU.
-    out_rows = sampler_output.sampled_token_ids.numpy()
+    sampled = sampler_output.sampled_token_ids
+    # Written through a numpy view: a tenth of the time of two torch operations a request on a CPU (on a GPU, a host
+    # copy written back once).
+    host = sampled if sampled.device.type == "cpu" else sampled.cpu()
+    out_rows = host.numpy()
     row0 = first_rows(spec_md)
-    slot_mapping = runner.input_batch.block_table[0].slot_mapping.cpu
+    table = runner.input_batch.block_table[0]
+    blocks, block_size = table.get_cpu_tensor().numpy(), table.block_size
     moves_src: list[int] = []
     moves_dst: list[int] = []
     paths: dict[int, list[int]] = {}
@@ -82,16 +87,23 @@ def verify_step(
         paths[s.req_index] = [0, *accepted]
         for d, u in enumerate(accepted, start=1):
             if u != d:  # node u sits at the slot of position P+u; vLLM expects depth d at P+d
-                moves_src.append(int(slot_mapping[s.q_start + u]))
-                moves_dst.append(int(slot_mapping[s.q_start + d]))
+                moves_src.append(_slot(blocks, block_size, s.req_index, s.prefix_len + u))
+                moves_dst.append(_slot(blocks, block_size, s.req_index, s.prefix_len + d))
         verified.append(Verified(s, argmax, accepted, tokens, greedy))
     want = [v.scheduled.req_index for v in verified if _recycles(requests, v.scheduled)]
     top = recycling.path_top(logits, row0, paths, want)
     for v in verified:
         _update(requests, stats, v, top.get(v.scheduled.req_index))
+    if host is not sampled:
+        sampled.copy_(host, non_blocking=True)
     if moves_src:
         step.backend.relocate(attention_layers(runner), moves_src, moves_dst)
     return paths
+
+
+def _slot(blocks: np.ndarray, block_size: int, req_index: int, position: int) -> int:
+    """The KV cache slot of a request's token position, as vLLM's slot mapping computes it from the block table."""
+    return int(blocks[req_index, position // block_size]) * block_size + position % block_size
 
 
 def _recycles(requests: Requests, s: ScheduledTree) -> bool:

@@ -16,6 +16,24 @@ def _cpu_owner():
     return CPUAttentionBackendImpl
 
 
+def _flash_owner():
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionImpl
+
+    return FlashAttentionImpl
+
+
+def _triton_owner():
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    return TritonAttentionImpl
+
+
+def _on_cuda() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda()
+
+
 def _forward(original):
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
         from vllm.v1.attention.backend import AttentionType
@@ -29,4 +47,9 @@ def _forward(original):
     return forward
 
 
-PATCHES = [Patch("cpu_attn.CPUAttentionBackendImpl.forward", _cpu_owner, "forward", _forward)]
+# The CUDA backends' forward has the same signature (output_scale and output_block_scale travel in *args/**kwargs).
+PATCHES = [
+    Patch("cpu_attn.CPUAttentionBackendImpl.forward", _cpu_owner, "forward", _forward),
+    Patch("flash_attn.FlashAttentionImpl.forward", _flash_owner, "forward", _forward, when=_on_cuda),
+    Patch("triton_attn.TritonAttentionImpl.forward", _triton_owner, "forward", _forward, when=_on_cuda),
+]

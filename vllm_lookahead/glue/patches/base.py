@@ -15,6 +15,7 @@ class Patch:
     attr: str
     make: Callable[[Any], Any]  # original -> replacement
     after: Callable[[Any], None] | None = None  # called with the owner once the attribute is set or restored
+    when: Callable[[], bool] | None = None  # applied only where this holds (a platform's own classes)
 
 
 _MISSING = object()  # the attribute did not exist before the patch (the patch adds it)
@@ -33,7 +34,7 @@ def applied() -> list[str]:
 def apply(patches: Sequence[Patch]) -> None:
     """Apply each patch once; applying an applied patch does nothing (every vLLM process calls the plugin)."""
     for p in patches:
-        if p.name in _originals:
+        if p.name in _originals or (p.when is not None and not p.when()):
             continue
         owner = p.owner()
         orig = owner.__dict__.get(p.attr, _MISSING) if isinstance(owner, type) else getattr(owner, p.attr, _MISSING)

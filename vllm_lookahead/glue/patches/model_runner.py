@@ -4,6 +4,7 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 (engine.py says what each does):
 - `__init__`: a lookahead config builds the runner as for a `custom_class` drafter (our LookaheadDrafter, so vLLM
   keeps its list-based draft flow and rejection sampler), then attaches a LookaheadEngine;
+- `initialize_kv_cache` -> `confirm_backend` (the attention layers and their caches exist from then on);
 - `_update_states` -> `drop_requests`; `_prepare_inputs` -> `begin_step`; `_model_forward` -> `forward_scope`;
   `_sample` -> `sample`; `propose_draft_token_ids` -> `propose`;
 - `WorkerBase.lookahead_stats` (added): `LLM.collective_rpc("lookahead_stats")` reads the counters.
@@ -17,7 +18,7 @@ from vllm_lookahead.glue.engine import LookaheadEngine, worker_stats
 from vllm_lookahead.glue.patches.base import Patch
 from vllm_lookahead.glue.patches.cpu_sampling import sampling_scope
 from vllm_lookahead.glue.patches.speculative_config import METHOD, lookahead_params
-from vllm_lookahead.glue.platform import choose_backend
+from vllm_lookahead.glue.platform import attention_outside_graphs, choose_backend
 
 DRAFTER_CLASS = "vllm_lookahead.glue.drafter.LookaheadDrafter"
 
@@ -33,6 +34,9 @@ def _init(original):
         sc = vllm_config.speculative_config
         if sc is None or sc.method != METHOD:
             return original(self, vllm_config, *args, **kwargs)
+        backend = choose_backend(vllm_config)
+        if backend[0].trees:
+            attention_outside_graphs(vllm_config)
         # The runner knows no "lookahead" method: let it build a custom-class drafter, then say lookahead again.
         sc.method, sc.model = "custom_class", DRAFTER_CLASS
         try:
@@ -44,7 +48,7 @@ def _init(original):
             vllm_config.model_config.max_model_len,
             ranks=vllm_config.parallel_config.world_size,
             tokenize=partial(_encode, vllm_config.model_config),
-            backend=choose_backend(vllm_config),
+            backend=backend,
         )
 
     return __init__
@@ -58,6 +62,17 @@ def _encode(model_config, text: str) -> list[int]:
     if tokenizer is None:  # skip_tokenizer_init
         raise ValueError("lookahead: suffix_corpus needs the model's tokenizer (the engine runs without one)")
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _initialize_kv_cache(original):
+    def initialize_kv_cache(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        engine = getattr(self, "_lookahead", None)
+        if engine is not None:
+            engine.confirm_backend(self)
+        return result
+
+    return initialize_kv_cache
 
 
 def _update_states(original):
@@ -129,6 +144,7 @@ def _worker_stats(_missing):
 PATCHES = [
     Patch("worker.lookahead_stats (added)", _worker_owner, "lookahead_stats", _worker_stats),
     Patch("runner.__init__", _owner, "__init__", _init),
+    Patch("runner.initialize_kv_cache", _owner, "initialize_kv_cache", _initialize_kv_cache),
     Patch("runner._update_states", _owner, "_update_states", _update_states),
     Patch("runner._prepare_inputs", _owner, "_prepare_inputs", _prepare_inputs),
     Patch("runner._model_forward", _owner, "_model_forward", _model_forward),
