@@ -480,3 +480,19 @@ def test_a_step_costs_its_span_and_the_engine_work_until_the_next_one():
     assert timer.timed == 2
     assert timer.span_seconds == pytest.approx(0.050 + 0.030)
     assert timer.gap_seconds == pytest.approx(0.002)
+
+
+def test_a_settled_fit_is_solved_again_every_few_steps():
+    from vllm_lookahead.core.cost import RESOLVE_EVERY, SETTLED
+
+    cost = StepCost()
+    i = 0
+    while cost._n < SETTLED:
+        cost.observe(1 + i % 8, i % 24, False, 0.030 + 0.001 * (1 + i % 8) + 0.0002 * (i % 24))
+        i += 1
+    fit = cost.coefficients()
+    for j in range(RESOLVE_EVERY - 1):  # steps twice as slow: the fit waits
+        cost.observe(4, j, False, 0.1)
+        assert cost.coefficients() is fit
+    cost.observe(4, 0, False, 0.1)
+    assert cost.coefficients().fixed > fit.fixed  # and then follows them

@@ -26,6 +26,15 @@ if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
+# A request whose trees carried no draft IDLE_AFTER steps running builds its next trees only every so many steps, up
+# to one in MAX_REST + 1: where nothing is predictable (random text, a large batch on a CPU) building trees nobody
+# carries cost 1-2 ms a step at 16 requests, a few percent of the step; a source that starts to match is found
+# again within MAX_REST steps. The state still learns every token meanwhile. Off under tensor parallelism, where
+# every rank must build the same trees whatever its own sizes were.
+IDLE_AFTER = 2
+MAX_REST = 3
+
+
 class Drafting:
     def __init__(
         self,
@@ -83,8 +92,11 @@ class Drafting:
             room = self.max_model_len - int(batch.num_tokens_no_spec[i])  # positions left for drafts after x0
             if room <= 0:
                 continue
+            state = requests.state(runner, i, req_id)
+            if self.ranks == 1 and _resting(requests.idle, req_id):
+                continue
             rows.append((i, req_id))
-            ready.append((requests.state(runner, i, req_id), int(sampled[-1])))
+            ready.append((state, int(sampled[-1])))
             caps.append(room + 1)
         budget = self.params.step_token_budget - len(ready)
         if not ready or budget <= 0:
@@ -109,4 +121,22 @@ class Drafting:
             step.proposed[req_id] = tree
             if size > 1:
                 drafts[i] = tree.tokens[1:size]
+                requests.idle.pop(req_id, None)
+            else:
+                _carried_nothing(requests.idle, req_id)
         return drafts
+
+
+def _carried_nothing(idle: dict[str, tuple[int, int]], req_id: str) -> None:
+    """The request's tree carried no draft: from the IDLE_AFTER-th such tree on, rest 1, 2, ... MAX_REST steps."""
+    empty = idle.get(req_id, (0, 0))[0] + 1
+    idle[req_id] = (empty, min(empty - IDLE_AFTER + 1, MAX_REST) if empty >= IDLE_AFTER else 0)
+
+
+def _resting(idle: dict[str, tuple[int, int]], req_id: str) -> bool:
+    """Whether the request skips building a tree this step (counting the step off its rest)."""
+    empty, rest = idle.get(req_id, (0, 0))
+    if rest <= 0:
+        return False
+    idle[req_id] = (empty, rest - 1)
+    return True

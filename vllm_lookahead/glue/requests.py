@@ -43,6 +43,8 @@ class Requests:
         self.shared = shared
         self.stats = stats
         self.states: dict[str, LookaheadState] = {}
+        # Requests whose last trees carried no draft: (consecutive such trees, steps left before the next is built).
+        self.idle: dict[str, tuple[int, int]] = {}
         self._eligible: dict[str, bool] = {}
         self._said: set[str] = set()
 
@@ -61,6 +63,7 @@ class Requests:
         if state is not None:
             state.close()
         self._eligible.pop(req_id, None)
+        self.idle.pop(req_id, None)
 
     def eligible(self, runner: GPUModelRunner, req_id: str) -> bool:
         """Whether lookahead drafts for this request (decided once; each reason for plain decoding logged once)."""
