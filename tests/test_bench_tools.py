@@ -47,6 +47,7 @@ def test_lookahead_settings_reach_every_lookahead_method_only():
     assert bench.speculative_config("suffix", extra) == {"method": "suffix", "num_speculative_tokens": 8}
     assert bench.speculative_config("none", extra) is None
     assert bench.method_environment("lookahead-reference", sampled=False) == {"VLLM_LOOKAHEAD_TREE_KERNEL": "0"}
+    assert bench.method_environment("lookahead-chain", sampled=False) == {"VLLM_LOOKAHEAD_BACKEND": "chain"}
     assert bench.method_environment("none", sampled=True) == {"VLLM_LOOKAHEAD_FIX_CPU_SAMPLING": "1"}
 
 

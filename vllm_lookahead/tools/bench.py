@@ -52,6 +52,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-twin": {"method": "lookahead"},
     # Drafts nothing from 2 concurrent requests on (a 2-token step budget): what the plugin costs a batch by itself.
     "lookahead-nodraft": {"method": "lookahead", "step_token_budget": 2},
+    # The chain backend forced (VLLM_LOOKAHEAD_BACKEND=chain): each request's best branch through vLLM's own attention,
+    # as on platforms without a tree backend; against "lookahead", what the trees bring.
+    "lookahead-chain": {"method": "lookahead"},
     # With a suffix corpus of CORPUS_ANSWERS ShareGPT answers apart from every benchmark prompt (`corpus_file`).
     "lookahead-corpus": {"method": "lookahead"},
 }
@@ -158,6 +161,8 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
         env["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
     if method == "lookahead-line":
         env["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
+    if method == "lookahead-chain":
+        env["VLLM_LOOKAHEAD_BACKEND"] = "chain"
     return env
 
 
