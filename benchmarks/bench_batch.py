@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 BENCH_METHODS = Path(__file__).resolve().with_name("bench_methods.py")
 

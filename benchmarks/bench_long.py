@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def long_text_ids(tok: Any, name: str, need: int) -> list[int]:
     """One long text of the set's prompts, at least `need` tokens."""
-    from vllm_lookahead.tools.prompts import humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.prompts import humaneval_prompts, sharegpt_prompts
 
     texts = humaneval_prompts() if name == "humaneval" else sharegpt_prompts(2000)
     ids = tok("\n\n".join(texts))["input_ids"]

@@ -39,7 +39,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -119,13 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--range-ratio must be in [0, 1)")
     if args.temperature < 0 or not 0 < args.top_p <= 1:
         p.error("--temperature must be >= 0 and --top-p in (0, 1]")
-    if args.lookahead_config is not None:
-        try:
-            extra = json.loads(args.lookahead_config)
-        except json.JSONDecodeError as e:
-            p.error(f"--lookahead-config is not JSON: {e}")
-        if not isinstance(extra, dict):
-            p.error("--lookahead-config must be a JSON object")
+    bench.check_lookahead_config(p, args.lookahead_config)
     taken = args.num_prompts * (1 if args.fresh_engines else args.rounds)
     if "humaneval" in args.dataset_list and taken > bench.HUMANEVAL_SIZE:
         p.error(f"--rounds x --num-prompts is {taken}: HumanEval has {bench.HUMANEVAL_SIZE} prompts, and every round "
@@ -227,7 +221,7 @@ def start_engine(method: str, args: argparse.Namespace) -> tuple[Any, dict[str, 
             **bench.engine_options(method),
         )
     except Exception as e:  # report it and go on with the other methods
-        text = _one_line(e)
+        text = bench.one_line(e)
         rejected = method != "none" and ("speculative" in text.lower() or method in text.lower())
         if rejected:
             return None, {**result, "status": "skipped", "reason": f"engine rejected it: {text}"}
@@ -242,7 +236,7 @@ def measure(llm: Any, method: str, dataset: str, prompts: list[str], args: argpa
     try:
         data = run_dataset(llm, prompts, args, f"{method}/{dataset}")
     except Exception as e:
-        data = {"status": "failed", "reason": _one_line(e)}
+        data = {"status": "failed", "reason": bench.one_line(e)}
     if method.startswith("lookahead"):
         # the worker's counters after this dataset: the step-cost fit its sizing used, acceptance per source
         data["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
@@ -254,7 +248,7 @@ def serve(args: argparse.Namespace) -> int:
     from stdin ("ROUND DATASET": that round's prompts of the set, the result written to <result-file>.ROUND.DATASET)
     until stdin ends."""
     llm, result = start_engine(args.worker, args)
-    _write(Path(args.result_file), result)
+    bench.write_json_atomic(Path(args.result_file), result)
     if llm is None:
         return 0
     tokenizer = llm.get_tokenizer()
@@ -262,20 +256,10 @@ def serve(args: argparse.Namespace) -> int:
         round_index, dataset = line.split()
         r, n = int(round_index), args.num_prompts
         prompts = bench.set_prompts(dataset, (prompt_round(args, r) + 1) * n, tokenizer)[prompt_round(args, r) * n :]
-        _write(Path(f"{args.result_file}.{r}.{dataset}"), measure(llm, args.worker, dataset, prompts, args))
+        bench.write_json_atomic(
+            Path(f"{args.result_file}.{r}.{dataset}"), measure(llm, args.worker, dataset, prompts, args)
+        )
     return 0
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    """Whole or not at all: the parent polls for the file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _one_line(e: BaseException, limit: int = 400) -> str:
-    text = f"{type(e).__name__}: " + " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------- main side

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools.bench import RESULTS, append_jsonl
+from vllm_lookahead.devtools.bench import RESULTS, append_jsonl
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load(args: argparse.Namespace) -> tuple[str, list[str]]:
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.tools import models
-    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools import models
+    from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     path = str(models.prepare(args.model)) if args.model else models.default_model_path()
     tok = AutoTokenizer.from_pretrained(path)

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_scaling.py --windows 1,2,4,8,16 --ngrams 3,5 --num-prompts 3 --max-new-tokens 64
 
-Runs the transformers reference decoder (`vllm_lookahead.core.reference.lookahead_generate`, greedy, float32) on the
+Runs the transformers reference decoder (`devtools.reference_decoder.lookahead_generate`, greedy, float32) on the
 embedded default model and raw HumanEval prompts, first as plain decoding (W=1, G=0: one token per step, the
 baseline) and then for every (N, W) with G = W, or with every G of --guess-set-size. Every run's tokens must
 equal the baseline's; mismatches are counted and listed. Each configuration's tree steps are then priced at what
@@ -27,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools.bench import RESULTS, append_jsonl
+from vllm_lookahead.devtools.bench import RESULTS, append_jsonl
 
 # bench_step.py's committed run on the default model: what a step over T tokens costs on this CPU.
 DEFAULT_STEP_COSTS = str(Path(__file__).parent / "results" / "step_T8-16-24-32-64_ctx128-512-1536.jsonl")
@@ -160,7 +160,7 @@ def sweep_params(args: argparse.Namespace, w: int, n: int, g: int) -> Any:
 def run_sweep(model: Any, prompt_ids: list[list[int]], args: argparse.Namespace) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
-    from vllm_lookahead.core.reference import lookahead_generate
+    from vllm_lookahead.devtools.reference_decoder import lookahead_generate
 
     counter = NodeCounter()
     handle = model.register_forward_pre_hook(counter, with_kwargs=True)
@@ -395,8 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from vllm_lookahead.tools.models import MODELS, default_model_path, prepare
-    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.models import MODELS, default_model_path, prepare
+    from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {
         "model": model_path,
         "dtype": "float32",
-        "decoder": "vllm_lookahead.core.reference.lookahead_generate",
+        "decoder": "vllm_lookahead.devtools.reference_decoder.lookahead_generate",
         "dataset": args.dataset,
         "step_costs": costs_path,
         "num_prompts": len(prompts),

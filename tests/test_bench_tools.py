@@ -1,4 +1,4 @@
-"""`vllm_lookahead.tools.bench`, the benchmarks' shared helpers: result files, the methods compared, the timed
+"""`vllm_lookahead.devtools.bench`, the benchmarks' shared helpers: result files, the methods compared, the timed
 generation of an in-process engine and the clock over its steps (against stand-ins for vLLM's engine)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_lookahead.tools import bench
-from vllm_lookahead.tools.prompts import humaneval_prompts
+from vllm_lookahead.devtools import bench
+from vllm_lookahead.devtools.prompts import humaneval_prompts
 
 
 def test_the_home_directory_is_written_as_a_tilde(tmp_path, monkeypatch):
@@ -54,7 +54,7 @@ def test_lookahead_settings_reach_every_lookahead_method_only():
 def test_lookahead_corpus_loads_sharegpt_answers_apart_from_the_prompts(tmp_path, monkeypatch):
     from vllm_lookahead.core.corpus import read_corpus
     from vllm_lookahead.core.params import LookaheadParams
-    from vllm_lookahead.tools.prompts import sharegpt_answers
+    from vllm_lookahead.devtools.prompts import sharegpt_answers
 
     monkeypatch.setattr(bench.Path, "home", lambda: tmp_path)
     monkeypatch.setattr(bench, "CORPUS_ANSWERS", 3)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import make_llm
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
-from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 

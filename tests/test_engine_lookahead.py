@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import make_llm
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 from vllm_lookahead.glue.stats import SOURCE_NAMES
-from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -164,7 +164,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     if mismatched:
         from transformers import AutoTokenizer
 
-        from vllm_lookahead.tools.models import default_model_path
+        from vllm_lookahead.devtools.models import default_model_path
 
         tk = AutoTokenizer.from_pretrained(default_model_path())
         for i, _ in mismatched:
@@ -305,7 +305,7 @@ def test_steps_match_the_reference_decoder(la_llm, model_path):
     from vllm import SamplingParams
 
     from vllm_lookahead.core.params import LookaheadParams
-    from vllm_lookahead.core.reference import lookahead_generate
+    from vllm_lookahead.devtools.reference_decoder import lookahead_generate
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
@@ -364,7 +364,7 @@ def test_per_request_settings_are_the_reference_decoders_steps(la_llm, model_pat
     from vllm import SamplingParams
 
     from vllm_lookahead.core.params import LookaheadParams
-    from vllm_lookahead.core.reference import lookahead_generate
+    from vllm_lookahead.devtools.reference_decoder import lookahead_generate
 
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()

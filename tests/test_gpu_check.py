@@ -78,7 +78,7 @@ def test_a_prompts_file_is_one_set_named_after_it(tmp_path):
 
 
 def test_missing_prompt_wheels_are_named_with_their_install_line(monkeypatch, capsys):
-    from vllm_lookahead.tools import prompts
+    from vllm_lookahead.devtools import prompts
 
     def missing(module: str, relative: str) -> Path:
         raise FileNotFoundError(module)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.tools import models
+from vllm_lookahead.devtools import models
 
 
 def test_prepare_is_idempotent_and_complete(model_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_lookahead.tools import prompts
+from vllm_lookahead.devtools import prompts
 
 
 def test_humaneval_first_prompts():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vllm_lookahead.core.params import LookaheadParams
-from vllm_lookahead.core.reference import lookahead_generate
-from vllm_lookahead.tools.prompts import humaneval_prompts
+from vllm_lookahead.devtools.prompts import humaneval_prompts
+from vllm_lookahead.devtools.reference_decoder import lookahead_generate
 
 MAX_NEW = 64
 

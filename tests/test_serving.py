@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from vllm_lookahead.tools.prompts import humaneval_prompts
+from vllm_lookahead.devtools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.engine
 

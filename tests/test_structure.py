@@ -2,8 +2,8 @@
 does (its key table is LookaheadParams, its layout table names files that exist).
 
 Layers, lowest first: `core` (the algorithm: no vLLM, nothing above it), `backends` (attention backends: no glue),
-`glue` (the vLLM glue and its patches), `plugin` (the entry point). `tools` (set-up and benchmark helpers) sit
-apart: nothing the plugin imports at run time imports them.
+`glue` (the vLLM glue and its patches), `plugin` (the entry point). `tools` (users' set-up commands) and `devtools`
+(development tooling, not shipped) sit apart: nothing the plugin imports at run time imports them.
 """
 
 from __future__ import annotations
@@ -104,9 +104,10 @@ def test_layers_import_downwards_only():
         "glue": {"core", "backends", "glue"},
         "vllm_lookahead.plugin": {"glue"},
         "tools": {"core", "backends", "glue", "tools", "vllm_lookahead.plugin"},
+        "devtools": {"core", "backends", "glue", "tools", "devtools", "vllm_lookahead.plugin"},
     }
     layers = {_layer(n) for n in edges} - SHARED
-    assert {"core", "backends", "glue", "tools", "vllm_lookahead.plugin"} <= layers, layers
+    assert {"core", "backends", "glue", "tools", "devtools", "vllm_lookahead.plugin"} <= layers, layers
     for name, deps in edges.items():
         me = _layer(name)
         if name in SHARED:
@@ -121,9 +122,10 @@ def test_layers_import_downwards_only():
 
 def test_run_time_code_imports_no_tools():
     edges, _ = _graph()
+    apart = {"tools", "devtools"}
     for name, deps in edges.items():
-        if _layer(name) != "tools":
-            assert not {d for d in deps if _layer(d) == "tools"}, f"{name} imports the set-up tooling"
+        if _layer(name) not in apart:
+            assert not {d for d in deps if _layer(d) in apart}, f"{name} imports the set-up tooling"
 
 
 def test_backends_import_no_vllm_at_module_level_but_their_own():
@@ -141,6 +143,7 @@ def test_no_top_level_patches_package_is_shipped():
 
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert find["include"] == ["vllm_lookahead*"]
+    assert find["exclude"] == ["vllm_lookahead.devtools*"]  # development tooling is not shipped
     assert not (ROOT / "patches").exists()
 
 

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -26,7 +26,7 @@ SHARED_COUNTERS = ("steps", "tree_steps", "accepted", "sampled_accepted", "fallb
 
 @pytest.fixture(scope="module")
 def tp_model_path() -> str:
-    from vllm_lookahead.tools.models import prepare
+    from vllm_lookahead.devtools.models import prepare
 
     return str(prepare(TP_MODEL))
 

@@ -38,7 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -111,7 +111,7 @@ def _logits_seconds(worker: Any, rows: int, reps: int = 7) -> float:
 def worker(args: argparse.Namespace) -> int:
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.tools.prompts import humaneval_prompts
+    from vllm_lookahead.devtools.prompts import humaneval_prompts
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, stepped by step_clock
     kind, dtype = args.worker.split(":")

@@ -33,8 +33,8 @@ from vllm_lookahead.backends.base import TreeRows
 from vllm_lookahead.backends.cpu.layouts import split
 from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan
 from vllm_lookahead.backends.cpu.reference import apply_tree_attention
+from vllm_lookahead.devtools.bench import RESULTS, append_jsonl
 from vllm_lookahead.tools import cpu_runtime
-from vllm_lookahead.tools.bench import RESULTS, append_jsonl
 
 BLOCK = 128
 

@@ -76,7 +76,7 @@ def set_up(args: argparse.Namespace) -> tuple[dict, object]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.model is None:
-        from vllm_lookahead.tools.bench import model_path
+        from vllm_lookahead.devtools.bench import model_path
 
         args.model = model_path()
     config = json.loads((Path(args.model) / "config.json").read_text())

@@ -27,7 +27,7 @@ import json
 import pstats
 import sys
 
-from vllm_lookahead.tools import bench
+from vllm_lookahead.devtools import bench
 
 
 def step_gap_line(before: dict[str, float], after: dict[str, float]) -> str:

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vllm_lookahead.core.params import LookaheadParams
     from vllm_lookahead.core.suffix import SuffixCandidates
-    from vllm_lookahead.tools.models import default_model_path
-    from vllm_lookahead.tools.prompts import humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.models import default_model_path
+    from vllm_lookahead.devtools.prompts import humaneval_prompts, sharegpt_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     texts = humaneval_prompts() + sharegpt_prompts(500)

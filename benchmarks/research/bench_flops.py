@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.tools.bench import RESULTS, append_jsonl
+from vllm_lookahead.devtools.bench import RESULTS, append_jsonl
 
 DEFAULT_STEP_JSONL = "benchmarks/results/step_T8-16-24-32-64_ctx128-512-1536.jsonl"
 
@@ -34,7 +34,7 @@ DEFAULT_STEP_JSONL = "benchmarks/results/step_T8-16-24-32-64_ctx128-512-1536.jso
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct",
-                   help="registered model names (vllm_lookahead.tools.models)")  # fmt: skip
+                   help="registered model names (vllm_lookahead.devtools.models)")  # fmt: skip
     p.add_argument("--trees", default="1,8,24,64", help="tokens per step T (1: a plain step)")
     p.add_argument("--contexts", default="128,512,1536", help="cached tokens L")
     p.add_argument("--step-jsonl", default=DEFAULT_STEP_JSONL, help="bench_step.py's JSONL for measured times")
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vllm_lookahead.tools import models
+    from vllm_lookahead.devtools import models
 
     rows = []
     for name in args.model_list:

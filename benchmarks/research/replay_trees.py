@@ -115,8 +115,8 @@ def generate(path: Path, num_prompts: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.tools.models import default_model_path
-    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.models import default_model_path
+    from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     llm = LLM(model=default_model_path(), dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
     from vllm_lookahead.core.recycle import TOP_K
@@ -353,8 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.suffix_seed:
         from transformers import AutoTokenizer
 
-        from vllm_lookahead.tools.models import default_model_path
-        from vllm_lookahead.tools.prompts import sharegpt_answers
+        from vllm_lookahead.devtools.models import default_model_path
+        from vllm_lookahead.devtools.prompts import sharegpt_answers
 
         tokenizer = AutoTokenizer.from_pretrained(default_model_path())  # the model --generate ran
         seed = [tokenizer.encode(a, add_special_tokens=False) for a in sharegpt_answers(args.suffix_seed)]

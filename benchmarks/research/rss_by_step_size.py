@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import psutil
     from vllm import LLM, SamplingParams
 
-    from vllm_lookahead.tools.models import default_model_path
+    from vllm_lookahead.devtools.models import default_model_path
 
     llm = LLM(
         default_model_path(), dtype="float32", enforce_eager=True, max_model_len=512, enable_prefix_caching=False,

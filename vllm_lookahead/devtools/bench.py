@@ -1,4 +1,4 @@
-"""Shared by the scripts under `benchmarks/` (`from vllm_lookahead.tools import bench`); the plugin never imports it.
+"""Shared by the scripts under `benchmarks/` (`from vllm_lookahead.devtools import bench`); the plugin never imports it.
 
 - results: where the scripts write (`RESULTS`) and how (`append_jsonl`);
 - the run's set-up: the CPU runtime (`apply_runtime`), a model by name or folder (`model_path`), a prompt set's
@@ -100,7 +100,7 @@ def apply_runtime(runtime: str = "project") -> str:
 
 def model_path(name: str | None = None) -> str:
     """A registered model's folder (prepared if need be), a folder as given, or the embedded default model's."""
-    from vllm_lookahead.tools.models import MODELS, default_model_path, prepare
+    from vllm_lookahead.devtools.models import MODELS, default_model_path, prepare
 
     if name is None:
         return default_model_path()
@@ -110,7 +110,7 @@ def model_path(name: str | None = None) -> str:
 def set_prompts(dataset: str, n: int, tokenizer: Any) -> list[str]:
     """The first n prompts of a set, in file order: HumanEval as is (code completion), ShareGPT's first human turns
     through the model's chat template."""
-    from vllm_lookahead.tools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
+    from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
     if dataset == "humaneval":
         return humaneval_prompts(n)
@@ -119,7 +119,7 @@ def set_prompts(dataset: str, n: int, tokenizer: Any) -> list[str]:
 
 def corpus_file(n: int) -> Path:
     """A JSON Lines suffix corpus of n ShareGPT answers apart from the benchmark prompts, written on first use."""
-    from vllm_lookahead.tools.prompts import sharegpt_answers
+    from vllm_lookahead.devtools.prompts import sharegpt_answers
 
     path = Path.home() / ".cache" / "vllm-lookahead" / f"corpus_sharegpt_answers_{n}.jsonl"
     if not path.exists():
@@ -325,3 +325,28 @@ def counters_since(before: dict[str, Any], after: dict[str, Any]) -> dict[str, A
     pos_before = pos_before + [0] * (len(pos_after) - len(pos_before))
     spec["accepted_per_pos"] = [a - b for a, b in zip(pos_after, pos_before, strict=True)]
     return spec
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Whole or not at all: parents poll for such files."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception as one line of at most `limit` characters, for a table's status column."""
+    text = f"{type(e).__name__}: " + " ".join(str(e).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_lookahead_config(parser: argparse.ArgumentParser, value: str | None) -> None:
+    """--lookahead-config must be a JSON object (the parser's error otherwise)."""
+    if value is None:
+        return
+    try:
+        extra = json.loads(value)
+    except json.JSONDecodeError as e:
+        parser.error(f"--lookahead-config is not JSON: {e}")
+    if not isinstance(extra, dict):
+        parser.error("--lookahead-config must be a JSON object")

@@ -5,7 +5,7 @@ No model hub is reachable where this project is developed and tested, so the def
 folder
 (safetensors + tokenizer + chat template) and returns the folder; later calls return at once.
 
-    python -m vllm_lookahead.tools.models prepare [NAME]   # prints the folder as its last line
+    python -m vllm_lookahead.devtools.models prepare [NAME]   # prints the folder as its last line
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def prepare(name: str = DEFAULT_MODEL, dtype: str = "bfloat16", force: bool = Fa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_lookahead.tools.models")
+    parser = argparse.ArgumentParser(prog="python -m vllm_lookahead.devtools.models")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare", help="convert an embedded model once; print its folder")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL, choices=sorted(MODELS))
