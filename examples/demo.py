@@ -29,8 +29,9 @@ def tokens_per_forward(llm) -> float | None:
     return generated / (generated - accepted)
 
 
-def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tuple[list, float, float | None]:
-    """One engine's outputs for PROMPTS (after a warm-up), the seconds they took, and its tokens per forward."""
+def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tuple[list, float, float | None, str]:
+    """One engine's outputs for PROMPTS (after a warm-up), the seconds they took, its tokens per forward, and which
+    attention path lookahead ran ("" without lookahead)."""
     import gc
 
     from vllm import LLM, SamplingParams
@@ -51,9 +52,10 @@ def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tupl
     outputs = llm.chat(conversations, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     tpf = tokens_per_forward(llm) if spec else 1.0
+    path = llm.collective_rpc("lookahead_stats")[0]["backend"] if spec else ""
     del llm  # its engine goes before the next one starts
     gc.collect()
-    return outputs, elapsed, tpf
+    return outputs, elapsed, tpf, path
 
 
 def main() -> None:
@@ -66,6 +68,9 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vLLM's start-up notes and warnings (Triton on a CPU build, its own defaults) are nothing a demo's user acts on;
+    # VLLM_LOGGING_LEVEL=INFO shows them, and lookahead's own line saying which attention path it runs and why.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from vllm_lookahead.devtools.models import default_model_path
 
     model = args.model or default_model_path()
@@ -80,11 +85,12 @@ def main() -> None:
         print(f"\n### {prompt}\n{out.outputs[0].text.strip()}")
     print(f"\n{len(PROMPTS)} prompts, greedy, {args.dtype}, up to {args.max_tokens} new tokens each:")
     speed = {}
-    for name, (outs, elapsed, tpf) in runs.items():
+    for name, (outs, elapsed, tpf, path) in runs.items():
         n = sum(len(o.outputs[0].token_ids) for o in outs)
         speed[name] = n / elapsed
         per = f"{tpf:.2f}" if tpf else "1.00"
-        print(f"  {name:<15} {n:4d} tokens in {elapsed:6.2f} s: {speed[name]:6.1f} tokens/s, {per} tokens per forward")
+        how = f", {per} tokens per forward" + (f" ({path} attention path)" if path else "")
+        print(f"  {name:<15} {n:4d} tokens in {elapsed:6.2f} s: {speed[name]:6.1f} tokens/s{how}")
     if "plain decoding" in runs:
         same = sum(
             a.outputs[0].token_ids == b.outputs[0].token_ids
