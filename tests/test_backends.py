@@ -130,22 +130,28 @@ def test_cuda_backend_checks_the_real_layers():
         assert why is not None and said in why, (said, why)
 
 
-def test_cuda_relocation_moves_whole_cells_in_vllms_layout():
-    """Accepted nodes' K and V copied slot to slot in every layer, overlapping moves read before written, nothing
-    else touched."""
+def test_cuda_relocation_layer_by_layer_where_the_caches_differ():
+    """Caches of different strides (or shapes, dtypes) take the per-layer gather and scatter: K and V copied slot to
+    slot in every layer, overlapping moves read before written, nothing else touched. (Alike caches take the two
+    Triton launches: tests/test_cuda_tree_kernel.py.)"""
     from types import SimpleNamespace
 
+    from vllm_lookahead.backends.cuda import relocation
     from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
 
     gen = torch.Generator().manual_seed(0)
-    layers = [SimpleNamespace(kv_cache=torch.randn(6, 16, 2, 64, generator=gen).transpose(1, 2)) for _ in range(3)]
-    before = [layer.kv_cache.clone() for layer in layers]
+    cells = [torch.randn(6, 16, 2, 64, generator=gen) for _ in range(3)]
+    cells[1] = torch.randn(6, 2, 16, 64, generator=gen).transpose(1, 2)  # another layout: not alike
+    layers = [SimpleNamespace(kv_cache=c.transpose(1, 2)) for c in cells]
+    assert not relocation.cells_alike([layer.kv_cache for layer in layers])
+    assert relocation.cells_alike([layers[0].kv_cache, layers[2].kv_cache])
+    before = [c.clone() for c in cells]
     src, dst = [34, 35, 70], [35, 36, 17]  # 35 is read before 34 lands on it; and a move to another block
     CudaTreeBackend().relocate(layers, src, dst)
-    for layer, old in zip(layers, before, strict=True):
-        want = old.transpose(1, 2).reshape(6 * 16, 2, 64).clone()
-        want[dst] = old.transpose(1, 2).reshape(6 * 16, 2, 64)[src]
-        assert torch.equal(layer.kv_cache.transpose(1, 2).reshape(6 * 16, 2, 64), want)
+    for c, old in zip(cells, before, strict=True):
+        want = old.reshape(6 * 16, 2, 64).clone()
+        want[dst] = old.reshape(6 * 16, 2, 64)[src]
+        assert torch.equal(c.reshape(6 * 16, 2, 64), want)
     CudaTreeBackend().relocate(layers, [], [])  # nothing to move
 
 

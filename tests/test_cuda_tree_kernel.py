@@ -496,6 +496,29 @@ def test_cuda_backend_writes_the_tree_rows_over_vllms_forward():
         backend.attend(vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, b.rows, plans, torch.ones(1))
 
 
+@interpreted
+def test_relocation_moves_every_layers_cells_in_two_launches():
+    """`relocation.move_cells` over alike caches in vLLM's layout (bfloat16 and float32 bits), overlapping moves read
+    before any write, other slots untouched; and the backend takes that path for alike caches."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.backends.cuda import relocation
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+
+    gen = torch.Generator().manual_seed(1)
+    for dtype in (torch.bfloat16, torch.float32):
+        cells = [torch.randn(5, 8, 2, 48, generator=gen).to(dtype) for _ in range(4)]  # [blocks, tokens, Hkv, 2D]
+        caches = [c.transpose(1, 2) for c in cells]
+        assert relocation.cells_alike(caches)
+        before = [c.clone() for c in cells]
+        src, dst = [9, 10, 11, 30], [10, 11, 12, 2]  # a run shifted up by one slot, and a move across blocks
+        CudaTreeBackend().relocate([SimpleNamespace(kv_cache=c) for c in caches], src, dst)
+        for c, old in zip(cells, before, strict=True):
+            want = old.reshape(40, 2, 48).clone()
+            want[dst] = old.reshape(40, 2, 48)[src]
+            assert torch.equal(c.reshape(40, 2, 48), want), dtype
+
+
 # --- the parent's delegate ----------------------------------------------------------------------------------------
 
 _INTERPRETED_TESTS = [n for n, f in list(globals().items()) if n.startswith("test_") and getattr(f, "_interpreted", 0)]

@@ -32,6 +32,9 @@ def split(kv_cache: torch.Tensor, head_size: int) -> tuple[torch.Tensor, torch.T
 class CudaTreeBackend(TreeBackend):
     name = "cuda"
 
+    def __init__(self) -> None:
+        self._caches: dict[int, tuple[list[torch.Tensor], bool]] = {}
+
     @classmethod
     def unsupported(cls, spec: CacheSpec) -> str | None:
         if spec.platform != "cuda":
@@ -89,19 +92,28 @@ class CudaTreeBackend(TreeBackend):
         return result
 
     def relocate(self, layers: Sequence[Any], src: Sequence[int], dst: Sequence[int]) -> None:
-        """Every layer's K/V at slots `src` copied to `dst`: a gather then a scatter per layer on the device (the
-        gather reads every source before anything is written, so overlapping moves are safe)."""
+        """Every layer's K/V at slots `src` copied to `dst`, every source read before anything is written: two
+        launches for all layers (`relocation.move_cells`), or a gather and a scatter a layer where the caches differ
+        in shape, dtype or strides."""
         if not src:
             return
+        caches = self._caches.get(id(layers))
+        if caches is None:  # the engine passes the same list every step: looked at once
+            from vllm_lookahead.backends.cuda import relocation
+
+            found = [layer.kv_cache for layer in layers if layer.kv_cache is not None and layer.kv_cache.numel()]
+            caches = self._caches[id(layers)] = (found, relocation.cells_alike(found))
+        found, alike = caches
+        if alike:
+            from vllm_lookahead.backends.cuda import relocation
+
+            relocation.move_cells(found, src, dst)
+            return
         index = None
-        for layer in layers:
-            kv = layer.kv_cache
-            if kv is None or kv.numel() == 0:
-                continue
+        for kv in found:
             if index is None:
-                block_size = kv.shape[2]
                 both = torch.tensor([list(src), list(dst)], dtype=torch.long).to(kv.device, non_blocking=True)
-                index = (both // block_size, both % block_size)
+                index = (both // kv.shape[2], both % kv.shape[2])
             blocks, offsets = index
             cells = kv.transpose(1, 2)  # [num_blocks, block_size, num_kv_heads, 2 * head_size]
             cells[blocks[1], offsets[1]] = cells[blocks[0], offsets[0]]
