@@ -50,11 +50,13 @@ before and after the run (1.0 for plain decoding; not available offline). Also i
 `spec_decode_acceptance_rate` / `_length` from the saved result.
 
 Output (`--out`, default `benchmarks/results/serve/<dtype>/`, not tracked by git), named after the settings (TAG):
-`TAG.md` (the table, also printed), `TAG.png` (output tokens/s and mean TTFT against concurrency, one panel per
-dataset), `TAG.json` (settings, every run's record, the summary; rewritten after each run), and `TAG/`: `logs/` (each
+`TAG.md` (also printed: lookahead against the others per dataset and concurrency, its tokens/s over the best other
+method's and its TTFT over plain decoding's, both taken within each round; then every run), `TAG.png` (output tokens/s
+and mean TTFT against concurrency, one panel per dataset), `TAG.json` (settings, every run's record, the summary; rewritten after each run), and `TAG/`: `logs/` (each
 server's and client's output), `raw/` (vLLM's saved result JSON of each run, each server's last /metrics scrape) and
 `datasets/` (the prompt files). A server that fails to start is reported with its log's tail and the sweep goes on
 with the other methods; servers are killed on every exit path (Ctrl-C, SIGTERM, errors).
+`--report TAG.json` rewrites TAG.md and TAG.png from a saved run (one cut short included) without rerunning it.
 """
 
 from __future__ import annotations
@@ -158,6 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lookahead-config", default=None, help="JSON merged into every lookahead* speculative_config")
     p.add_argument("--out", default=None, help="results folder (default benchmarks/results/serve/<dtype>/)")
+    p.add_argument("--report", metavar="TAG.json", default=None, help="rewrite TAG.md and TAG.png from a saved run")
     args = p.parse_args(argv)
     args.method_list = _name_list(args.methods)
     args.dataset_list = _name_list(args.datasets)
@@ -488,6 +491,43 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             rounds,
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: str = "lookahead") -> str:
+    """A markdown table of TARGET against the others, per dataset and concurrency of the serve runs: plain decoding's
+    tokens/s, each method's tokens/s over plain decoding's (tokens per forward in brackets), TARGET over the best of
+    the others (plain decoding included) and TARGET's mean TTFT over plain decoding's. Both ratios are taken within
+    each round (runs minutes apart, not hours), then the median over rounds; the range follows when rounds differ."""
+    ok = [r for r in records if r.get("status") == "ok" and r["kind"] == "serve"]
+    by = {(r["dataset"], r["concurrency"], r["method"], r["round"]): r for r in ok}
+    summary = {(r["dataset"], r["concurrency"], r["method"]): r for r in summarize(ok, methods)}
+    others = [m for m in methods if m not in ("none", target)]
+    cells = [m for m in methods if m != "none"]
+    head = ["prompts", "concurrency", "plain tok/s", *cells, f"{target} / best other", "TTFT / plain"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    datasets = list(dict.fromkeys(r["dataset"] for r in ok))
+    for dataset in datasets:
+        for conc in sorted({r["concurrency"] for r in ok if r["dataset"] == dataset}):
+            plain = summary.get((dataset, conc, "none"))
+            if plain is None or (dataset, conc, target) not in summary:
+                continue
+            row = [dataset, str(conc), _fmt(plain["output_tps"], 0, False)]
+            for m in cells:
+                s = summary.get((dataset, conc, m))
+                row.append("-" if s is None or s["ratio"] is None else
+                           f"{s['ratio']['median']:.2f}x ({_fmt(s['tokens_per_forward'], 2, False)})")  # fmt: skip
+            best, ttft = [], []
+            for rnd in sorted({r["round"] for r in ok}):
+                mine, base = by.get((dataset, conc, target, rnd)), by.get((dataset, conc, "none", rnd))
+                rivals = [by.get((dataset, conc, m, rnd)) for m in ("none", *others)]
+                if mine is None or base is None or any(r is None for r in rivals):
+                    continue  # a round counts only where every method ran
+                best.append(mine["output_tps"] / max(r["output_tps"] for r in rivals))  # type: ignore[union-attr]
+                if mine.get("ttft_mean_ms") and base.get("ttft_mean_ms"):
+                    ttft.append(mine["ttft_mean_ms"] / base["ttft_mean_ms"])
+            row += [_fmt(spread(best), 2), _fmt(spread(ttft), 2)]
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -1014,23 +1054,43 @@ class Sweep:
                 self.add({**record, "status": "skipped", "error": reason}, 0.0)
 
     def report(self) -> None:
-        a = self.args
-        rows = summarize(self.records, a.method_list)
-        title = (
-            f"{a.dtype}, {'eager' if a.eager else 'compiled'}, output {a.output_len} tokens, "
-            f"temperature {a.temperature:g} (offline: 1.0), {a.rounds} round(s); {self.settings.get('runtime', '')}"
-        )
-        table = f"# bench_serve {self.tag}\n\n{title}\n\n" + format_table(rows)
-        print("\n" + table)
-        (self.out / f"{self.tag}.md").write_text(table, encoding="utf-8")
+        write_report(self.records, self.args, self.settings, self.out, self.tag)
         self.save()
-        png = self.out / f"{self.tag}.png"
-        try:
-            plot(rows, a.dataset_list, a.method_list, png, f"bench_serve {self.tag}\n{title}")
-            print(f"plot: {png}")
-        except Exception as e:  # the table and JSON are the results; a plot failure must not lose them
-            print(f"plot failed: {e}", file=sys.stderr)
         print(f"results: {self.out / (self.tag + '.json')}; logs and vLLM's raw results: {self.folder}")
+
+
+def write_report(
+    records: Sequence[dict[str, Any]], args: argparse.Namespace, settings: dict[str, Any], out: Path, tag: str
+) -> None:
+    """Print and write TAG.md (lookahead against the others, then every run) and plot TAG.png."""
+    a = args
+    rows = summarize(records, a.method_list)
+    title = (
+        f"{a.dtype}, {'eager' if a.eager else 'compiled'}, output {a.output_len} tokens, "
+        f"temperature {a.temperature:g} (offline: 1.0), {a.rounds} round(s); {settings.get('runtime', '')}"
+    )
+    table = f"# bench_serve {tag}\n\n{title}\n\n"
+    if "lookahead" in a.method_list and "none" in a.method_list:
+        table += "## lookahead against the others (vllm bench serve)\n\n" + headline(records, a.method_list)
+        table += "\n## Every run\n\n"
+    table += format_table(rows)
+    print("\n" + table)
+    (out / f"{tag}.md").write_text(table, encoding="utf-8")
+    png = out / f"{tag}.png"
+    try:
+        plot(rows, a.dataset_list, a.method_list, png, f"bench_serve {tag}\n{title}")
+        print(f"plot: {png}")
+    except Exception as e:  # the table and JSON are the results; a plot failure must not lose them
+        print(f"plot failed: {e}", file=sys.stderr)
+
+
+def report_saved(path: Path) -> int:
+    """`--report TAG.json`: the tables and plot again from a saved run (one cut short included), nothing rerun."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    s = data["settings"]
+    args = argparse.Namespace(**{**s, "method_list": s["methods"], "dataset_list": s["datasets"]})
+    write_report(data["records"], args, s, path.parent, path.stem)
+    return 0
 
 
 def _importable(module: str) -> bool:
@@ -1045,6 +1105,8 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        return report_saved(Path(args.report))
     sweep = Sweep(args)
     sweep.out.mkdir(parents=True, exist_ok=True)
     # SIGTERM / SIGHUP take the same path as Ctrl-C: through every `finally`, so no server outlives the script.

@@ -322,3 +322,29 @@ def test_progress_line():
     assert "lookahead" in bs.progress(ok, 3, 12.0) and "150.0 tok/s" in bs.progress(ok, 3, 12.0)
     failed = _records()[5]
     assert "SERVER-FAILED" in bs.progress(failed, 3, 1.0)
+
+
+def test_headline_ratios_within_rounds(tmp_path):
+    """lookahead over the best other method is taken round by round (a suffix round that beats lookahead counts in
+    its own round), only from rounds where every method ran; the saved JSON rebuilds the tables."""
+    recs = _records()
+    for rnd, tps in enumerate([160.0, 90.0, 130.0]):
+        recs.append(
+            {"kind": "serve", "round": rnd, "method": "suffix", "dataset": "code", "concurrency": 4, "status": "ok",
+             "output_tps": tps, "ttft_mean_ms": 40.0, "tokens_per_forward": 1.5}
+        )  # fmt: skip
+    table = bs.headline(recs, ["none", "suffix", "lookahead"])
+    lines = table.splitlines()
+    assert lines[0] == (
+        "| prompts | concurrency | plain tok/s | suffix | lookahead | lookahead / best other | TTFT / plain |"
+    )
+    # rounds 0 and 1 only (lookahead failed in round 2): 150/160 and 100/90; TTFT 70/50 and 70/51
+    assert lines[2] == "| code | 4 | 100 | 1.12x (1.50) | 1.38x (2.50) | 1.02 (0.94-1.11) | 1.39 (1.37-1.40) |"
+    assert len(lines) == 3  # the offline record is not a serve row
+    path = tmp_path / "run.json"
+    settings = {"methods": ["none", "suffix", "lookahead"], "datasets": ["code"], "dtype": "float32", "eager": False,
+                "output_len": 128, "temperature": 0.0, "rounds": 3, "runtime": "test"}  # fmt: skip
+    path.write_text(json.dumps({"settings": settings, "records": recs, "summary": []}))
+    assert bs.main(["--report", str(path)]) == 0
+    text = (tmp_path / "run.md").read_text()
+    assert lines[2] in text and "## Every run" in text and (tmp_path / "run.png").stat().st_size > 1000
