@@ -1,4 +1,5 @@
-"""Drafting's rest for requests whose trees carry nothing (no engine)."""
+"""Drafting: the rest for requests whose trees carry nothing, and no drafts while prompts are prefilled in chunks (no
+engine)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,64 @@ def test_empty_trees_rest_longer_up_to_a_cap_and_drafts_end_the_rest():
     assert _builds("nnnnnn") == "bb.b..b...b...b..."  # rests of 1, 2, then 3 steps at most
     assert _builds("dddd") == "bbbb"  # requests that draft never rest
     assert _builds("nnndnnn") == "bb.b..bbb.b.."  # a tree that carried drafts starts the count again
+
+
+class _Batch:
+    def __init__(self, req_ids: list[str]) -> None:
+        self.req_ids = req_ids
+        self.num_reqs = len(req_ids)
+        self.num_tokens_no_spec = [10] * len(req_ids)
+
+
+class _Runner:
+    def __init__(self, req_ids: list[str]) -> None:
+        self.input_batch = _Batch(req_ids)
+
+
+class _Requests:
+    """Every request eligible; a state that records the trees built (one node: nothing to draft)."""
+
+    def __init__(self) -> None:
+        self.idle: dict[str, tuple[int, int]] = {}
+        self.built: list[int] = []
+
+    def eligible(self, runner: object, req_id: str) -> bool:
+        return True
+
+    def state(self, runner: object, index: int, req_id: str) -> object:
+        from vllm_lookahead.core.acceptance import AcceptanceStats
+        from vllm_lookahead.core.tree import StepTree
+
+        built = self.built
+
+        class _State:
+            stats = AcceptanceStats()
+
+            def build_tree(self, x0: int, min_score: float = 0.0) -> StepTree:
+                built.append(x0)
+                return StepTree.chain([x0])
+
+        return _State()
+
+
+def _drafting():
+    from vllm_lookahead.backends import ChainBackend
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.glue.drafting import Drafting
+    from vllm_lookahead.glue.recycling import RecyclingGate
+    from vllm_lookahead.glue.step import LookaheadStep
+
+    return Drafting(LookaheadParams(), 1024, 1, ChainBackend(), RecyclingGate(None)), LookaheadStep
+
+
+def test_no_trees_while_a_prompt_is_prefilled_in_chunks():
+    """A request that sampled nothing is mid-prefill: the token budget ran out on prompts, so the decoding requests
+    draft nothing this step (drafts would displace prompt tokens); once every request sampled, trees are built."""
+    from vllm_lookahead.backends import ChainBackend
+
+    drafting, Step = _drafting()
+    runner, requests = _Runner(["a", "b", "c"]), _Requests()
+    drafts = drafting.propose(runner, [[5], [], [7]], requests, Step({}, ChainBackend()))
+    assert drafts == [[], [], []] and requests.built == []
+    drafts = drafting.propose(runner, [[5], [6], [7]], requests, Step({}, ChainBackend()))
+    assert requests.built == [5, 6, 7]

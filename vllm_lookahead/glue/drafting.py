@@ -99,7 +99,7 @@ class Drafting:
             ready.append((state, int(sampled[-1])))
             caps.append(room + 1)
         budget = self.params.step_token_budget - len(ready)
-        if not ready or budget <= 0:
+        if not ready or budget <= 0 or _prefilling(sampled_token_ids, batch.num_reqs):
             return drafts  # no room for a single draft token this step: the states have learned, nothing to build
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
         floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
@@ -125,6 +125,13 @@ class Drafting:
             else:
                 _carried_nothing(requests.idle, req_id)
         return drafts
+
+
+def _prefilling(sampled_token_ids: list[list[int]], num_reqs: int) -> bool:
+    """Whether a request of the step just run sampled nothing: its prompt is being prefilled in chunks, so the
+    scheduler's token budget ran out on prompts. Every draft token scheduled next step would then displace a prompt
+    token, one for one, and delay the waiting requests' first tokens: no drafts until the prompts are in."""
+    return any(not sampled_token_ids[i] for i in range(min(num_reqs, len(sampled_token_ids))))
 
 
 def _carried_nothing(idle: dict[str, tuple[int, int]], req_id: str) -> None:
