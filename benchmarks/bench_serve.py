@@ -52,11 +52,12 @@ before and after the run (1.0 for plain decoding; not available offline). Also i
 Output (`--out`, default `benchmarks/results/serve/<dtype>/`, not tracked by git), named after the settings (TAG):
 `TAG.md` (also printed: lookahead against the others per dataset and concurrency, its tokens/s over the best other
 method's and its TTFT over plain decoding's, both taken within each round; then every run), `TAG.png` (output tokens/s
-and mean TTFT against concurrency, one panel per dataset), `TAG.json` (settings, every run's record, the summary; rewritten after each run), and `TAG/`: `logs/` (each
-server's and client's output), `raw/` (vLLM's saved result JSON of each run, each server's last /metrics scrape) and
-`datasets/` (the prompt files). A server that fails to start is reported with its log's tail and the sweep goes on
-with the other methods; servers are killed on every exit path (Ctrl-C, SIGTERM, errors).
-`--report TAG.json` rewrites TAG.md and TAG.png from a saved run (one cut short included) without rerunning it.
+and mean TTFT against concurrency, one panel per dataset), `TAG.json` (settings, every run's record, the summary;
+rewritten after each run), and `TAG/`: `logs/` (each server's and client's output), `raw/` (vLLM's saved result JSON
+of each run, each server's last /metrics scrape) and `datasets/` (the prompt files). A server that fails to start is
+reported with its log's tail and the sweep goes on with the other methods; servers are killed on every exit path
+(Ctrl-C, SIGTERM, errors). `--report TAG.json` rewrites TAG.md and TAG.png from a saved run (one cut short included)
+without rerunning it.
 """
 
 from __future__ import annotations
