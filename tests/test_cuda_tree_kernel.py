@@ -275,7 +275,6 @@ KERNEL_CASES = {
         block_m=64,
         block_n=32,
     ),
-    # a head size that is not a power of two (padded to 128), the launcher's own tile choice
     # the prefix split over 3 programs a tile and merged: segments of whole key tiles, an empty segment (prefix of
     # one tile), a tree without a prefix (only the last segment has keys)
     "fp16-d64-qpk2-split3": dict(
@@ -298,6 +297,7 @@ KERNEL_CASES = {
         block_n=16,
         splits=2,
     ),
+    # a head size that is not a power of two (padded to 128), the launcher's own tile choice
     "bf16-d80-qpk2-auto": dict(
         reqs=[("tree", 6, 13), ("plain", 1, 2)],
         heads=(4, 2),
