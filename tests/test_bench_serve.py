@@ -216,6 +216,7 @@ def test_client_and_offline_commands(tmp_path):
     text = " ".join(cmd)
     assert "bench serve" in text and "--max-concurrency 4" in text and "--num-prompts 8" in text
     assert "--temperature 0" in text and "--request-rate inf" in text and "--metric-percentiles 50,99" in text
+    assert "--ready-check-timeout-sec 0" in text  # no untimed first request that the timed run would repeat
     assert f"--dataset-name sharegpt --dataset-path {tmp_path / 'code_c4.json'}" in text
     assert "--sharegpt-output-len 128" in text and "--disable-shuffle" in text and "--ignore-eos" not in text
     rnd = " ".join(bs.serve_client_command(args, 8000, MODEL, "random", 4, 8, files))
