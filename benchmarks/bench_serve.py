@@ -15,7 +15,11 @@ one `vllm serve MODEL` on 127.0.0.1 (a free port) under the project's CPU runtim
 concurrency of `--concurrency` (default 1,4,16,64), runs
 
     vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(2 C, --num-prompts)) --request-rate inf
-        --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result ...
+        --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --ready-check-timeout-sec 0
+        --save-result ...
+
+(`--ready-check-timeout-sec 0`: no untimed first request, which would generate the run's first prompt and let the
+methods that learn from earlier outputs meet its answer again in the timed run.)
 
 Server start-up, compilation and warm-up are not timed; each client run is timed by vLLM's client itself. The server's
 `/metrics` is scraped right before and after each client run. With `--offline` (the default) each round then runs
