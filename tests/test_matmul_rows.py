@@ -31,7 +31,9 @@ def test_an_added_row_is_priced_by_the_rows_between_two_counts():
 
 
 def test_it_prints_a_row_per_count(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({**CONFIG, "num_hidden_layers": 2}))
+    # Weights big enough that a pass takes well over the printed 0.1 ms on any CPU
+    big = {**CONFIG, "hidden_size": 1024, "intermediate_size": 2048, "vocab_size": 4096, "num_hidden_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps(big))
     assert main(["--model", str(tmp_path), "--rows", "1,4", "--reps", "1"]) == 0
     out = capsys.readouterr().out
     assert "9 weights" in out  # 4 shapes x 2 layers + the LM head
