@@ -14,12 +14,15 @@ one `vllm serve MODEL` on 127.0.0.1 (a free port) under the project's CPU runtim
 `/health`, sends a few warm-up requests (an unrelated repetitive prompt), and then, for each dataset and each
 concurrency of `--concurrency` (default 1,4,16,64), runs
 
-    vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(2 C, --num-prompts)) --request-rate inf
+    vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(K C, --num-prompts)) --request-rate inf
         --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --ready-check-timeout-sec 0
         --save-result ...
 
 (`--ready-check-timeout-sec 0`: no untimed first request, which would generate the run's first prompt and let the
-methods that learn from earlier outputs meet its answer again in the timed run.)
+methods that learn from earlier outputs meet its answer again in the timed run.) K is `--per-slot` (default 4): with
+one or two prompts a slot a run is mostly its first wave and the drain after it, where the requests a speculative
+method sped up are gone and its slowest ones decode on in a shrinking batch (bfloat16 chat at 64: lookahead 0.98x
+plain decoding's tokens/s with 64 prompts, 1.02x with 256).
 
 Server start-up, compilation and warm-up are not timed; each client run is timed by vLLM's client itself. The server's
 `/metrics` is scraped right before and after each client run. With `--offline` (the default) each round then runs
@@ -38,7 +41,8 @@ Datasets (`--datasets`, default random,chat,code):
   comes from `--sharegpt-output-len` / `--output-len`. vLLM's ShareGPT loader sends the prompt text as it is (no chat
   template of its own), so chat prompts are templated exactly once. Each concurrency level gets its own slice of
   prompts (a server's prefix cache and the suffix caches of suffix / lookahead would otherwise have seen them);
-  HumanEval's 164 prompts wrap around when the levels need more (the run says how many were reused).
+  where a set has fewer prompts than the levels want (HumanEval's 164), the largest levels send fewer, down to one
+  a slot, and only then do prompts wrap around (the run says which).
 
 Greedy by default (`--temperature 0`, sent with each request). EOS ends chat and code requests unless `--ignore-eos`.
 `vllm bench throughput` cannot be made greedy: vLLM 0.32 hard-codes temperature 1.0 and ignore_eos for it (so it
@@ -131,8 +135,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default=bench.DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma list of client concurrencies (--max-concurrency)")
-    p.add_argument("--num-prompts", type=int, default=8, help="N: a run at concurrency C sends max(2 C, N) prompts")
-    p.add_argument("--max-prompts", type=int, default=128, help="cap on a run's prompts")
+    p.add_argument("--num-prompts", type=int, default=16, help="N: a run at concurrency C sends max(K C, N) prompts")
+    p.add_argument("--per-slot", type=int, default=4, help="K: prompts per concurrent slot (see --num-prompts)")
+    p.add_argument("--max-prompts", type=int, default=256, help="cap on a run's prompts")
     p.add_argument("--output-len", type=int, default=128, help="max new tokens per request (every dataset)")
     p.add_argument("--random-input-len", type=int, default=128, help="prompt tokens of the random dataset")
     p.add_argument("--ignore-eos", action="store_true", help="chat/code requests run to --output-len (random always)")
@@ -183,6 +188,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--methods, --datasets and --concurrency must not be empty")
     if min(args.concurrency_list) < 1 or min(args.num_prompts, args.max_prompts, args.output_len, args.rounds) < 1:
         p.error("--concurrency, --num-prompts, --max-prompts, --output-len and --rounds must be positive")
+    if args.per_slot < 1:
+        p.error("--per-slot must be positive")
     bench.check_lookahead_config(p, args.lookahead_config)
     if args.out is None:
         args.out = str(Path("benchmarks") / "results" / "serve" / args.dtype)
@@ -193,7 +200,7 @@ def run_tag(args: argparse.Namespace) -> str:
     """The settings in a file name."""
     conc = "-".join(str(c) for c in args.concurrency_list)
     tag = f"{'-'.join(args.method_list)}_{'-'.join(args.dataset_list)}_c{conc}_n{args.num_prompts}"
-    tag += f"-{args.max_prompts}_t{args.output_len}_R{args.rounds}"
+    tag += f"-{args.max_prompts}k{args.per_slot}_t{args.output_len}_R{args.rounds}"
     return tag + ("_eager" if args.eager else "")
 
 
@@ -210,17 +217,33 @@ def engine_flags(method: str) -> list[str]:
     return flags
 
 
-def num_prompts_for(concurrency: int, n: int, cap: int) -> int:
-    """A run's prompts: at least two per concurrent slot (so the batch stays full past the first wave), at least n,
-    at most cap."""
-    return min(cap, max(2 * concurrency, n))
+def num_prompts_for(concurrency: int, n: int, cap: int, per_slot: int) -> int:
+    """A run's prompts: per_slot for each concurrent slot, at least n, at most cap. With one or two prompts a slot the
+    run is mostly its first wave and the drain after it: plain decoding's requests of one length finish together,
+    a speculative method's at different steps, and the last ones decode on in a shrinking batch, so the run measures
+    its slowest requests more than tokens/s at that concurrency."""
+    return min(cap, max(per_slot * concurrency, n))
 
 
-def prompt_slices(concurrencies: Iterable[int], n: int, cap: int) -> dict[int, tuple[int, int]]:
+def prompt_counts(
+    concurrencies: Sequence[int], n: int, cap: int, per_slot: int, available: int | None = None
+) -> dict[int, int]:
+    """concurrency -> prompts of its run (`num_prompts_for`). Where a dataset has fewer than `available` distinct
+    prompts than the levels want, the largest levels send fewer, down to one a slot, rather than repeat a prompt to a
+    server that has seen its answer."""
+    counts = {c: num_prompts_for(c, n, cap, per_slot) for c in concurrencies}
+    excess = sum(counts.values()) - available if available is not None else 0
+    for c in sorted(counts, reverse=True):
+        cut = min(max(excess, 0), counts[c] - min(counts[c], c))
+        counts[c] -= cut
+        excess -= cut
+    return counts
+
+
+def prompt_slices(counts: dict[int, int]) -> dict[int, tuple[int, int]]:
     """concurrency -> (first prompt index, count): consecutive, disjoint slices in concurrency order."""
     slices, start = {}, 0
-    for c in concurrencies:
-        count = num_prompts_for(c, n, cap)
+    for c, count in counts.items():
         slices[c] = (start, count)
         start += count
     return slices
@@ -273,24 +296,33 @@ def dataset_prompts(dataset: str, count: int, tokenizer: Any, output_len: int) -
 
 
 def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tuple[dict[str, Any], int, list[str]]:
-    """The prompt files of the file datasets: (dataset -> {"serve": {concurrency: path}, "offline": path}), the longest
-    prompt in tokens (random's included) and notes for the report (prompts reused)."""
-    slices = prompt_slices(args.concurrency_list, args.num_prompts, args.max_prompts)
-    total = sum(count for _, count in slices.values())
-    offline_count = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts)
-    files: dict[str, Any] = {}
+    """The prompt files of the file datasets: (dataset -> {"serve": {concurrency: path}, "offline": path}), each
+    dataset's prompts per concurrency (dataset -> {concurrency: count}, under "counts"), the longest prompt in tokens
+    (random's included) and notes for the report (levels cut to the prompts there are, prompts reused)."""
+    wanted = prompt_counts(args.concurrency_list, args.num_prompts, args.max_prompts, args.per_slot)
+    total = sum(wanted.values())
+    offline_count = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts, args.per_slot)
+    files: dict[str, Any] = {"counts": {}}
     notes: list[str] = []
     longest = args.random_input_len if "random" in args.dataset_list else 0
     for dataset in args.dataset_list:
         if dataset == "random":
+            files["counts"][dataset] = wanted
             continue
         prompts, lengths = dataset_prompts(dataset, max(total, offline_count), tokenizer, args.output_len)
         if not prompts:
             raise RuntimeError(f"no {dataset} prompt fits vLLM's ShareGPT loader with --output-len {args.output_len}")
-        if len(prompts) < total:
+        counts = files["counts"][dataset] = prompt_counts(
+            args.concurrency_list, args.num_prompts, args.max_prompts, args.per_slot, available=len(prompts)
+        )
+        slices = prompt_slices(counts)
+        if counts != wanted:
+            cut = ", ".join(f"{counts[c]} at {c}" for c in counts if counts[c] != wanted[c])
+            notes.append(f"{dataset}: {len(prompts)} distinct prompts for {total} wanted: {cut} (concurrency)")
+        if sum(counts.values()) > len(prompts):
             notes.append(
-                f"{dataset}: {total} prompts wanted over the concurrency levels, {len(prompts)} exist: "
-                f"{total - len(prompts)} are reused (wrapped around) on the same server"
+                f"{dataset}: {sum(counts.values())} prompts at one a slot, {len(prompts)} exist: "
+                f"{sum(counts.values()) - len(prompts)} are reused (wrapped around) on the same server"
             )
         longest = max(longest, *lengths)
         serve = {}
@@ -845,7 +877,7 @@ def throughput_command(
     files: dict[str, Any],
     out: Path,
 ) -> list[str]:
-    n = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts)
+    n = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts, args.per_slot)
     cmd = [
         *runtime_prefix(args), *vllm_command(), "bench", "throughput", "--model", model, "--dtype", args.dtype,
         "--max-model-len", str(max_model_len), "--max-num-seqs", str(max(args.concurrency_list)),
@@ -939,7 +971,7 @@ class Sweep:
     def serve_run(self, server: Server, base: dict[str, Any], model: str, files: dict[str, Any]) -> None:
         a = self.args
         dataset, c, rnd, method = base["dataset"], base["concurrency"], base["round"], base["method"]
-        n = num_prompts_for(c, a.num_prompts, a.max_prompts)
+        n = files["counts"][dataset][c]
         name = f"serve_{method}_{dataset}_c{c}_r{rnd}"
         result_path = self.raw / f"{name}.json"
         result_path.unlink(missing_ok=True)
@@ -988,7 +1020,7 @@ class Sweep:
             "method": method,
             "dataset": dataset,
             "concurrency": max(a.concurrency_list),
-            "num_prompts": num_prompts_for(max(a.concurrency_list), a.num_prompts, a.max_prompts),
+            "num_prompts": num_prompts_for(max(a.concurrency_list), a.num_prompts, a.max_prompts, a.per_slot),
             "spec_config": speculative_config(method, a),
         }
         t0 = time.monotonic()
@@ -1022,9 +1054,7 @@ class Sweep:
             "methods": a.method_list,
             "datasets": a.dataset_list,
             "concurrency": a.concurrency_list,
-            "num_prompts_per_concurrency": {
-                c: num_prompts_for(c, a.num_prompts, a.max_prompts) for c in a.concurrency_list
-            },
+            "num_prompts_per_concurrency": files["counts"],
             "model": model,
             "max_model_len": max_model_len,
             "longest_prompt_tokens": longest,

@@ -183,10 +183,38 @@ def test_throughput_result_parsed():
 
 
 def test_prompt_counts_and_slices():
-    assert [bs.num_prompts_for(c, 8, 128) for c in (1, 4, 16, 64, 100)] == [8, 8, 32, 128, 128]
-    slices = bs.prompt_slices([1, 4, 16, 64], 8, 128)
-    assert slices == {1: (0, 8), 4: (8, 8), 16: (16, 32), 64: (48, 128)}
+    assert [bs.num_prompts_for(c, 8, 128, 2) for c in (1, 4, 16, 64, 100)] == [8, 8, 32, 128, 128]
+    assert [bs.num_prompts_for(c, 16, 256, 4) for c in (1, 4, 16, 64)] == [16, 16, 64, 256]
+    counts = bs.prompt_counts([1, 4, 16, 64], 8, 128, 2)
+    assert counts == {1: 8, 4: 8, 16: 32, 64: 128}
+    assert bs.prompt_slices(counts) == {1: (0, 8), 4: (8, 8), 16: (16, 32), 64: (48, 128)}
+    # HumanEval's 164 for 16 + 16 + 64 + 256 wanted: the largest level gives up prompts first, down to one a slot,
+    # then the next
+    assert bs.prompt_counts([1, 4, 16, 64], 16, 256, 4, available=164) == {1: 16, 4: 16, 16: 64, 64: 68}
+    assert bs.prompt_counts([1, 4, 16, 64], 16, 256, 4, available=120) == {1: 16, 4: 16, 16: 24, 64: 64}
+    # fewer than one a slot at every level: nothing below one a slot (the prompts then wrap around)
+    assert bs.prompt_counts([1, 4, 16, 64], 16, 256, 4, available=50) == {1: 1, 4: 4, 16: 16, 64: 64}
+    assert bs.prompt_counts([1, 4, 16, 64], 16, 256, 4, available=10_000) == {1: 16, 4: 16, 16: 64, 64: 256}
     assert bs.max_model_len_for(500, 128) == 704 and bs.max_model_len_for(128, 16) == 256
+
+
+def test_levels_never_repeat_a_prompt_where_the_set_is_short(tmp_path):
+    """HumanEval's 164 prompts for 16 + 16 + 64 + 256 wanted: the 64-request run sends what is left, and no prompt goes
+    to two levels of one server (a suffix cache would meet its answer again)."""
+
+    class Tok:  # one token per word
+        def __call__(self, text):
+            return type("Enc", (), {"input_ids": text.split()})()
+
+    args = bs.parse_args(["--datasets", "random,code", "--out", str(tmp_path)])
+    files, _, notes = bs.write_datasets(args, Tok(), tmp_path)
+    counts = files["counts"]
+    assert counts["random"] == {1: 16, 4: 16, 16: 64, 64: 256}
+    code = counts["code"]
+    assert code[1] == 16 and code[4] == 16 and code[16] == 64 and 64 <= code[64] <= 164 - 96
+    sent = [rec["conversations"][0]["value"] for c in code for rec in json.loads(files["code"]["serve"][c].read_text())]
+    assert len(sent) == sum(code.values()) == len(set(sent))
+    assert any(n.startswith("code:") and f"{code[64]} at 64" in n for n in notes) and "reused" not in " ".join(notes)
 
 
 def test_sharegpt_file_read_by_vllm(tmp_path):
@@ -224,7 +252,7 @@ def test_client_and_offline_commands(tmp_path):
     off = " ".join(bs.throughput_command(args, "lookahead", MODEL, "code", 512, files, tmp_path / "t.json"))
     assert "cpu_runtime run --" in off and "bench throughput" in off
     assert '--speculative-config {"method": "lookahead"}' in off and "--dataset-path o.json --output-len 128" in off
-    assert "--max-num-seqs 4" in off and "--max-num-batched-tokens 2048" in off and "--num-prompts 8" in off
+    assert "--max-num-seqs 4" in off and "--max-num-batched-tokens 2048" in off and "--num-prompts 16" in off
     plain = bs.throughput_command(args, "none", MODEL, "random", 512, files, tmp_path / "t.json")
     assert "--speculative-config" not in plain
 
