@@ -228,9 +228,9 @@ def num_prompts_for(concurrency: int, n: int, cap: int, per_slot: int) -> int:
 def prompt_counts(
     concurrencies: Sequence[int], n: int, cap: int, per_slot: int, available: int | None = None
 ) -> dict[int, int]:
-    """concurrency -> prompts of its run (`num_prompts_for`). Where a dataset has fewer than `available` distinct
-    prompts than the levels want, the largest levels send fewer, down to one a slot, rather than repeat a prompt to a
-    server that has seen its answer."""
+    """concurrency -> prompts of its run (`num_prompts_for`). Where a dataset's `available` distinct prompts are fewer
+    than the levels want, the largest levels send fewer, down to one a slot, rather than repeat a prompt to a server
+    that has seen its answer."""
     counts = {c: num_prompts_for(c, n, cap, per_slot) for c in concurrencies}
     excess = sum(counts.values()) - available if available is not None else 0
     for c in sorted(counts, reverse=True):
