@@ -1,0 +1,61 @@
+"""The scheduler patch: a step that admits a waiting request carries no drafts for the running ones (its user waits
+for that whole step), once per request at the head of the queue."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vllm.v1.core.sched.interface import PauseState
+
+from vllm_lookahead.glue.patches.scheduler import _drop_drafts_for_admission
+
+
+class _Queue(list):
+    def peek_request(self):
+        return self[0]
+
+
+def _scheduler(waiting: list[str], drafts: list[list[int]], max_active: int = 4, paused: bool = False):
+    return SimpleNamespace(
+        waiting=_Queue(SimpleNamespace(request_id=r) for r in waiting),
+        running=[SimpleNamespace(spec_token_ids=list(d)) for d in drafts],
+        num_waiting_for_streaming_input=0,
+        max_num_active_reqs=max_active,
+        _pause_state=PauseState.PAUSED_NEW if paused else PauseState.UNPAUSED,
+        _lookahead_admitting=None,
+    )
+
+
+def _drafts(s) -> list[list[int]]:
+    return [r.spec_token_ids for r in s.running]
+
+
+def test_a_step_that_admits_a_request_carries_no_drafts():
+    s = _scheduler(["new"], [[5, 6, 7], [8]])
+    kept = s.running[0].spec_token_ids
+    _drop_drafts_for_admission(s)
+    assert _drafts(s) == [[], []]
+    assert kept == [5, 6, 7]  # a new list: the old one may be the runner's output
+    assert s._lookahead_admitting == "new"
+
+
+def test_a_request_that_stays_waiting_does_not_stop_drafting():
+    s = _scheduler(["stuck"], [[5, 6]])
+    _drop_drafts_for_admission(s)
+    s.running[0].spec_token_ids = [7, 8]  # the next step's drafts; "stuck" was not admitted (no KV blocks)
+    _drop_drafts_for_admission(s)
+    assert _drafts(s) == [[7, 8]]
+    s.waiting.insert(0, SimpleNamespace(request_id="other"))  # a new head of the queue drops them again
+    _drop_drafts_for_admission(s)
+    assert _drafts(s) == [[]]
+
+
+def test_drafts_stay_where_nothing_is_admitted():
+    for s in (
+        _scheduler([], [[5, 6]]),  # nobody waiting
+        _scheduler(["new"], [[5, 6], [7]], max_active=2),  # no free slot
+        _scheduler(["new"], [[5, 6]], paused=True),  # new requests paused
+    ):
+        _drop_drafts_for_admission(s)
+        assert _drafts(s)[0] == [5, 6]
+        assert s._lookahead_admitting is None
