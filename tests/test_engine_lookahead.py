@@ -102,7 +102,7 @@ def batch(model_path):
         params.append(SamplingParams(temperature=0.0, max_tokens=40, extra_args={"lookahead": False}))
         kinds.append("opt-out")
     # Seeded sampling: on the tree, each token is the target's own draw with the request's generator, so the output
-    # is plain decoding's, token for token. Next to the long prompt, vLLM pads every request's drafts with zeros
+    # is plain decoding's, token for token. Next to the long prompt, vLLM would pad every request's drafts with zeros
     # near max_model_len; a sampled request must stay exact through those steps too (the opted-out one as well).
     for p, sp in zip(
         humaneval_prompts(24)[21:],
@@ -225,6 +225,10 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     # the verified nodes' scores were summed: a probability each, so at most one a node
     drafted = sum(stats[f"drafted_{s}"] - stats_before[f"drafted_{s}"] for s in SOURCE_NAMES)
     assert 0 < stats["carried_score"] - stats_before["carried_score"] <= drafted
+    # every draft vLLM scheduled was one of the trees' nodes: none of vLLM's zero padding, which it adds to the whole
+    # batch while one request (the long one) is within num_speculative_tokens of max_model_len
+    vllm_drafts = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
+    assert 0 < vllm_drafts <= drafted
 
 
 def _price_branches(worker, price: float | None) -> None:

@@ -7,6 +7,8 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 - `initialize_kv_cache` -> `confirm_backend` (the attention layers and their caches exist from then on);
 - `_update_states` -> `drop_requests`; `_prepare_inputs` -> `begin_step`; `_model_forward` -> `forward_scope`;
   `_sample` -> `sample`; `propose_draft_token_ids` -> `propose`;
+- `_input_fits_in_drafter`: always, for lookahead (vLLM would otherwise pad the whole batch with zero drafts
+  whenever one request is within num_speculative_tokens of max_model_len);
 - `WorkerBase.lookahead_stats` (added): `LLM.collective_rpc("lookahead_stats")` reads the counters.
 """
 
@@ -128,6 +130,18 @@ def _propose(original):
     return propose_draft_token_ids
 
 
+def _input_fits(original):
+    def _input_fits_in_drafter(self, *args, **kwargs):
+        # vLLM asks whether its drafter's input fits max_model_len with num_speculative_tokens more, over the
+        # whole batch, and where it does not pads every request with num_speculative_tokens zero drafts. Lookahead's
+        # drafter runs no model and caps each request's drafts by its own room (`drafting.py`): it always fits.
+        if getattr(self, "_lookahead", None) is not None:
+            return True
+        return original(self, *args, **kwargs)
+
+    return _input_fits_in_drafter
+
+
 def _worker_owner():
     from vllm.v1.worker.worker_base import WorkerBase
 
@@ -150,4 +164,5 @@ PATCHES = [
     Patch("runner._model_forward", _owner, "_model_forward", _model_forward),
     Patch("runner._sample", _owner, "_sample", _sample),
     Patch("runner.propose_draft_token_ids", _owner, "propose_draft_token_ids", _propose),
+    Patch("runner._input_fits_in_drafter", _owner, "_input_fits_in_drafter", _input_fits),
 ]
