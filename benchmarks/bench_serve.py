@@ -158,6 +158,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="--enforce-eager (default: compiled, cached after a first run)")
     p.add_argument("--rounds", type=int, default=1, help="repeat the whole method sweep (medians over rounds)")
     p.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="all methods' servers up at once, each run's methods back to back, idle servers stopped (SIGSTOP); "
+        "--no-interleave: one server at a time, every run of a method in a row (less memory)",
+    )
+    p.add_argument(
         "--offline", action=argparse.BooleanOptionalAction, default=True, help="also `vllm bench throughput`"
     )
     p.add_argument("--warmup-requests", type=int, default=4, help="untimed requests after each server's start")
@@ -755,8 +762,24 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
+            self.resume()  # a stopped server neither answers /metrics nor acts on SIGTERM
             self.save_metrics()
             kill(self.proc)
+
+    def pause(self) -> None:
+        """Stops the server's processes (its process group: the API server, the engine core, the workers), so that an
+        idle server takes no CPU from the one being measured."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
 
     def _wait_healthy(self) -> None:
         assert self.proc is not None
@@ -917,6 +940,12 @@ def progress(record: dict[str, Any], rounds: int, elapsed: float) -> str:
     return f"{head} {', '.join(parts)} ({elapsed:.0f} s)"
 
 
+def run_order(methods: Sequence[str], index: int) -> list[str]:
+    """The methods rotated by `index`: over successive rounds (or runs) no method always goes first or last."""
+    k = index % len(methods) if methods else 0
+    return [*methods[k:], *methods[:k]]
+
+
 class Sweep:
     """The state of one invocation: settings, where things go, the records so far (saved after each run)."""
 
@@ -945,28 +974,65 @@ class Sweep:
         tmp.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
         tmp.replace(path)
 
-    def serve_round(self, rnd: int, method: str, model: str, max_model_len: int, files: dict[str, Any]) -> None:
+    def start_server(self, rnd: int, method: str, model: str, max_model_len: int) -> Server | None:
+        """The method's server, up and warmed (untimed); None if it failed, its runs recorded as such."""
         a = self.args
-        base = {"kind": "serve", "round": rnd, "method": method, "spec_config": speculative_config(method, a)}
         log = self.logs / f"server_{method}_r{rnd}.log"
         t0 = time.monotonic()
         try:
             server = Server(method, a, model, max_model_len, log).__enter__()
         except RuntimeError as e:
             print(f"ERROR: {e}", file=sys.stderr, flush=True)
+            base = {"kind": "serve", "round": rnd, "method": method, "spec_config": speculative_config(method, a)}
             for dataset in a.dataset_list:
                 for c in a.concurrency_list:
                     record = {**base, "dataset": dataset, "concurrency": c, "status": "server-failed", "error": str(e)}
                     self.add(record, time.monotonic() - t0)
+            return None
+        print(f"[round {rnd + 1}/{a.rounds}] {method}: server up on port {server.port} "
+              f"({time.monotonic() - t0:.0f} s, untimed)", flush=True)  # fmt: skip
+        return server
+
+    def serve_round(self, rnd: int, methods: Sequence[str], model: str, max_model_len: int, files: dict) -> None:
+        """One round of serve runs. Interleaved (the default): every method's server is started first and stopped
+        while idle; then each dataset and concurrency runs every method back to back, in an order rotated by one a
+        run, so that a run's ratios compare client runs seconds apart (this shared machine's speed drifts by 10-20%
+        over minutes). Otherwise one server at a time runs all its datasets and concurrencies."""
+        a = self.args
+        cells = [(d, c) for d in a.dataset_list for c in a.concurrency_list]
+        if not a.interleave:
+            for method in methods:
+                server = self.start_server(rnd, method, model, max_model_len)
+                if server is None:
+                    continue
+                try:
+                    for dataset, c in cells:
+                        self.serve_run(server, self._base(rnd, method, dataset, c), model, files)
+                finally:
+                    server.__exit__(None, None, None)
             return
+        servers: dict[str, Server] = {}
         try:
-            print(f"[round {rnd + 1}/{a.rounds}] {method}: server up on port {server.port} "
-                  f"({time.monotonic() - t0:.0f} s, untimed)", flush=True)  # fmt: skip
-            for dataset in a.dataset_list:
-                for c in a.concurrency_list:
-                    self.serve_run(server, {**base, "dataset": dataset, "concurrency": c}, model, files)
+            for method in methods:
+                server = self.start_server(rnd, method, model, max_model_len)
+                if server is not None:
+                    server.pause()
+                    servers[method] = server
+            for i, (dataset, c) in enumerate(cells):
+                for method in run_order(list(servers), i):
+                    server = servers[method]
+                    server.resume()
+                    try:
+                        self.serve_run(server, self._base(rnd, method, dataset, c), model, files)
+                    finally:
+                        server.pause()
         finally:
-            server.__exit__(None, None, None)
+            for server in servers.values():
+                server.__exit__(None, None, None)
+
+    def _base(self, rnd: int, method: str, dataset: str, c: int) -> dict[str, Any]:
+        spec = speculative_config(method, self.args)
+        return dict(kind="serve", round=rnd, method=method, spec_config=spec, dataset=dataset, concurrency=c)
 
     def serve_run(self, server: Server, base: dict[str, Any], model: str, files: dict[str, Any]) -> None:
         a = self.args
@@ -1068,13 +1134,11 @@ class Sweep:
         print(f"{self.tag}: model {model}, {a.dtype}, max_model_len {max_model_len}, {runtime}", flush=True)
         missing = {m: REQUIRES[m] for m in a.method_list if m in REQUIRES and not _importable(REQUIRES[m][0])}
         for rnd in range(a.rounds):
-            shift = rnd % len(a.method_list)
-            order = a.method_list[shift:] + a.method_list[:shift]  # rotated: no method always first or last
+            order = run_order(a.method_list, rnd)  # rotated: no method always first or last
             for method in order:
                 if method in missing:
                     self._skip(rnd, method, "serve", f"{missing[method][0]} is not installed ({missing[method][1]})")
-                    continue
-                self.serve_round(rnd, method, model, max_model_len, files)
+            self.serve_round(rnd, [m for m in order if m not in missing], model, max_model_len, files)
             if a.offline:
                 for method in order:
                     if method in missing:

@@ -377,3 +377,47 @@ def test_headline_ratios_within_rounds(tmp_path):
     assert bs.main(["--report", str(path)]) == 0
     text = (tmp_path / "run.md").read_text()
     assert lines[2] in text and "## Every run" in text and (tmp_path / "run.png").stat().st_size > 1000
+
+
+def test_interleaved_round_runs_each_cell_back_to_back(monkeypatch):
+    """Every method's server is up before the first run; each dataset and concurrency then runs all methods in a row,
+    in an order rotated by one a run, only the measured server running; every server is closed at the end."""
+    args = bs.parse_args(["--methods", "none,suffix,lookahead", "--datasets", "chat", "--concurrency", "1,4"])
+    sweep = bs.Sweep(args)
+    events: list[tuple[str, ...]] = []
+
+    class FakeServer:
+        def __init__(self, method: str) -> None:
+            self.method, self.running = method, True
+
+        def pause(self) -> None:
+            self.running = False
+
+        def resume(self) -> None:
+            self.running = True
+
+        def __exit__(self, *exc: object) -> None:
+            events.append(("exit", self.method))
+
+    servers: dict[str, FakeServer] = {}
+
+    def start(rnd, method, model, max_model_len):
+        servers[method] = FakeServer(method)
+        events.append(("start", method))
+        return servers[method]
+
+    def run(server, base, model, files):
+        assert [m for m, s in servers.items() if s.running] == [server.method]  # the others are stopped
+        events.append(("run", base["method"], base["dataset"], str(base["concurrency"])))
+
+    monkeypatch.setattr(sweep, "start_server", start)
+    monkeypatch.setattr(sweep, "serve_run", run)
+    sweep.serve_round(0, ["none", "suffix", "lookahead"], "m", 512, {})
+    assert events[:3] == [("start", "none"), ("start", "suffix"), ("start", "lookahead")]
+    runs = [e[1:] for e in events if e[0] == "run"]
+    assert runs == [
+        ("none", "chat", "1"), ("suffix", "chat", "1"), ("lookahead", "chat", "1"),
+        ("suffix", "chat", "4"), ("lookahead", "chat", "4"), ("none", "chat", "4"),
+    ]  # fmt: skip
+    assert sorted(e[1] for e in events if e[0] == "exit") == ["lookahead", "none", "suffix"]
+    assert bs.run_order(["a", "b", "c"], 4) == ["b", "c", "a"]
