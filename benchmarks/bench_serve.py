@@ -5,14 +5,17 @@
     python benchmarks/bench_serve.py --methods none,lookahead --datasets random --concurrency 1 \\
         --num-prompts 2 --output-len 16 --no-offline                   # a smoke run (a few minutes)
 
-For each round (`--rounds R`; each round's method order rotated by one) and each method of `--methods` (default: plain
-decoding `none`, `ngram`, `suffix`, `lookahead`; any method of `devtools.bench.METHODS`), the script starts
-one `vllm serve MODEL` on 127.0.0.1 (a free port) under the project's CPU runtime
+For each round (`--rounds R`) and each method of `--methods` (default: plain decoding `none`, `ngram`, `suffix`,
+`lookahead`; any method of `devtools.bench.METHODS`), the script starts one `vllm serve MODEL` on 127.0.0.1 (a free
+port) under the project's CPU runtime
 (`python -m vllm_lookahead.tools.cpu_runtime run -- vllm serve ...`) with the method's `--speculative-config`,
 `--dtype`, a `--max-model-len` sized for the prompts, `--max-num-seqs` = the largest concurrency and
 `--max-num-batched-tokens 2048` (one step budget for every engine and concurrency), waits for
 `/health`, sends a few warm-up requests (an unrelated repetitive prompt), and then, for each dataset and each
-concurrency of `--concurrency` (default 1,4,16,64), runs
+concurrency of `--concurrency` (default 1,4,16,64), runs each method's client back to back, in an order rotated by one
+a run (`--interleave`, the default: all of a round's servers are started first and each is stopped, SIGSTOP, while
+another is measured, so that a run's ratios compare client runs seconds apart on a machine whose speed drifts over
+minutes; `--no-interleave`: one server at a time runs all its datasets and concurrencies, in less memory):
 
     vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(K C, --num-prompts)) --request-rate inf
         --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --ready-check-timeout-sec 0

@@ -102,8 +102,8 @@ def batch(model_path):
         params.append(SamplingParams(temperature=0.0, max_tokens=40, extra_args={"lookahead": False}))
         kinds.append("opt-out")
     # Seeded sampling: on the tree, each token is the target's own draw with the request's generator, so the output
-    # is plain decoding's, token for token. Next to the long prompt, vLLM would pad every request's drafts with zeros
-    # near max_model_len; a sampled request must stay exact through those steps too (the opted-out one as well).
+    # is plain decoding's, token for token. Next to the long prompt, near max_model_len, vLLM would pad every
+    # request's drafts with zeros (the runner patch turns that off): the sampled requests share those steps.
     for p, sp in zip(
         humaneval_prompts(24)[21:],
         (
