@@ -353,11 +353,7 @@ class LiveWorker:
             self._reader.join(timeout=10)
 
 
-def run_order(methods: list[str], round_index: int) -> list[str]:
-    """The methods in round `round_index`'s order: the list rotated by one a round, so that no method holds one slot
-    in every round (the machine's state may differ between the first and the last turn of a round)."""
-    k = round_index % len(methods)
-    return methods[k:] + methods[:k]
+run_order = bench.run_order
 
 
 def run_rounds(

@@ -943,10 +943,7 @@ def progress(record: dict[str, Any], rounds: int, elapsed: float) -> str:
     return f"{head} {', '.join(parts)} ({elapsed:.0f} s)"
 
 
-def run_order(methods: Sequence[str], index: int) -> list[str]:
-    """The methods rotated by `index`: over successive rounds (or runs) no method always goes first or last."""
-    k = index % len(methods) if methods else 0
-    return [*methods[k:], *methods[:k]]
+run_order = bench.run_order
 
 
 class Sweep:

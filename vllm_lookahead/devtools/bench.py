@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -164,6 +164,13 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
     if method == "lookahead-chain":
         env["VLLM_LOOKAHEAD_BACKEND"] = "chain"
     return env
+
+
+def run_order(methods: Sequence[str], index: int) -> list[str]:
+    """The methods rotated by `index` (a round, or a run within one): so that no method holds one slot every time
+    (the machine's state may differ between the first and the last turn)."""
+    k = index % len(methods) if methods else 0
+    return [*methods[k:], *methods[:k]]
 
 
 def median(xs: Iterable[float]) -> float:
