@@ -625,6 +625,51 @@ def plot(
 _LIVE: set[subprocess.Popen] = set()  # every child process group still running: killed on any exit
 
 
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None off Linux."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def group_memory(pgid: int) -> int:
+    """Resident bytes of a process group (a server: its API server, engine core and workers)."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
+                total += int((d / "statm").read_text().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class OutOfMemory(RuntimeError):
+    """Interleaving would start more servers than this machine's memory holds."""
+
+
+def check_room_for_another(servers: Sequence[int], available: int | None) -> None:
+    """Interleaving keeps every server resident: refuse to start one more when the memory left would not hold a
+    server as large as the largest one up (with a quarter to spare for its runs), rather than let the kernel kill
+    one mid-run or slow every run down (5 servers of 5 GiB on a 24 GiB machine did both)."""
+    if not servers or available is None:
+        return
+    need = max(servers) * 5 // 4
+    if available < need:
+        gib = 1 << 30
+        raise OutOfMemory(
+            f"{len(servers)} servers are up, each up to {max(servers) / gib:.1f} GiB, and {available / gib:.1f} GiB "
+            f"is left: not enough for one more ({need / gib:.1f} GiB). Run fewer --methods at a time, or "
+            "--no-interleave (one server at a time)."
+        )
+
+
 def _die_with_parent() -> None:
     # Linux: the child gets SIGTERM if this script dies without cleaning up (SIGKILL, a crash).
     try:
@@ -768,6 +813,9 @@ class Server:
             self.resume()  # a stopped server neither answers /metrics nor acts on SIGTERM
             self.save_metrics()
             kill(self.proc)
+
+    def memory(self) -> int:
+        return group_memory(self.proc.pid) if self.proc is not None else 0
 
     def pause(self) -> None:
         """Stops the server's processes (its process group: the API server, the engine core, the workers), so that an
@@ -1014,6 +1062,7 @@ class Sweep:
         servers: dict[str, Server] = {}
         try:
             for method in methods:
+                check_room_for_another([s.memory() for s in servers.values()], available_memory())
                 server = self.start_server(rnd, method, model, max_model_len)
                 if server is not None:
                     server.pause()
@@ -1217,6 +1266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _on_signal)
     try:
         return sweep.run()
+    except OutOfMemory as e:
+        print(f"bench_serve: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted: servers stopped; results so far saved", file=sys.stderr)
         if sweep.records:

@@ -5,6 +5,7 @@ medians, ratios and table."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -390,6 +391,9 @@ def test_interleaved_round_runs_each_cell_back_to_back(monkeypatch):
         def __init__(self, method: str) -> None:
             self.method, self.running = method, True
 
+        def memory(self) -> int:
+            return 0
+
         def pause(self) -> None:
             self.running = False
 
@@ -421,3 +425,34 @@ def test_interleaved_round_runs_each_cell_back_to_back(monkeypatch):
     ]  # fmt: skip
     assert sorted(e[1] for e in events if e[0] == "exit") == ["lookahead", "none", "suffix"]
     assert bs.run_order(["a", "b", "c"], 4) == ["b", "c", "a"]
+
+
+def test_interleaving_stops_before_memory_runs_out(monkeypatch):
+    """A server is not started where the memory left would not hold one as large as the largest up; the servers
+    already up are closed, and the error says what to do."""
+    bs.check_room_for_another([], 0)  # nothing up yet: nothing to size the next one by
+    bs.check_room_for_another([4 << 30, 5 << 30], 7 << 30)
+    with pytest.raises(bs.OutOfMemory, match="--no-interleave"):
+        bs.check_room_for_another([4 << 30, 5 << 30], 6 << 30)
+    args = bs.parse_args(["--methods", "none,suffix,lookahead", "--datasets", "chat", "--concurrency", "1"])
+    sweep = bs.Sweep(args)
+    closed: list[str] = []
+
+    class FakeServer:
+        def __init__(self, method: str) -> None:
+            self.method = method
+
+        def memory(self) -> int:
+            return 5 << 30
+
+        def pause(self) -> None: ...
+
+        def __exit__(self, *exc: object) -> None:
+            closed.append(self.method)
+
+    monkeypatch.setattr(sweep, "start_server", lambda rnd, method, model, mml: FakeServer(method))
+    monkeypatch.setattr(bs, "available_memory", lambda: 6 << 30)
+    with pytest.raises(bs.OutOfMemory):
+        sweep.serve_round(0, ["none", "suffix", "lookahead"], "m", 512, {})
+    assert closed == ["none"]
+    assert bs.group_memory(os.getpgrp()) > 0  # this test's own process group
