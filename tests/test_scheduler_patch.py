@@ -59,3 +59,15 @@ def test_drafts_stay_where_nothing_is_admitted():
         _drop_drafts_for_admission(s)
         assert _drafts(s)[0] == [5, 6]
         assert s._lookahead_admitting is None
+
+
+def test_a_trickle_into_a_large_batch_keeps_its_drafts():
+    """Into 16 running requests, 3 waiting ones (under a quarter) do not stop the batch's drafts: at a large batch a
+    request arrives at nearly every step, which would drop nearly every step's drafts; 4 waiting (a first wave, or a
+    queue building up) do."""
+    trickle = _scheduler(["a", "b", "c"], [[5, 6]] * 16, max_active=20)
+    _drop_drafts_for_admission(trickle)
+    assert _drafts(trickle) == [[5, 6]] * 16 and trickle._lookahead_admitting is None
+    queue = _scheduler(["a", "b", "c", "d"], [[5, 6]] * 16, max_active=20)
+    _drop_drafts_for_admission(queue)
+    assert _drafts(queue) == [[]] * 16 and queue._lookahead_admitting == "a"
