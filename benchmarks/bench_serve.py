@@ -625,27 +625,27 @@ def plot(
 _LIVE: set[subprocess.Popen] = set()  # every child process group still running: killed on any exit
 
 
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (MemAvailable), or None off Linux."""
+def available_memory() -> int:
+    """Bytes that can be allocated without swapping (the kernel's MemAvailable)."""
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def tree_memory(pid: int) -> int:
+    """Resident bytes of a process and its descendants (a server: its API server, engine core and workers)."""
+    import psutil
+
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def group_memory(pgid: int) -> int:
-    """Resident bytes of a process group (a server: its API server, engine core and workers)."""
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
     total = 0
-    page = os.sysconf("SC_PAGE_SIZE")
-    for d in Path("/proc").glob("[0-9]*"):
+    for p in procs:
         try:
-            stat = (d / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-                total += int((d / "statm").read_text().split()[1]) * page
-        except (OSError, ValueError, IndexError):
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
             continue
     return total
 
@@ -654,11 +654,11 @@ class OutOfMemory(RuntimeError):
     """Interleaving would start more servers than this machine's memory holds."""
 
 
-def check_room_for_another(servers: Sequence[int], available: int | None) -> None:
+def check_room_for_another(servers: Sequence[int], available: int) -> None:
     """Interleaving keeps every server resident: refuse to start one more when the memory left would not hold a
     server as large as the largest one up (with a quarter to spare for its runs), rather than let the kernel kill
     one mid-run or slow every run down (5 servers of 5 GiB on a 24 GiB machine did both)."""
-    if not servers or available is None:
+    if not servers:
         return
     need = max(servers) * 5 // 4
     if available < need:
@@ -815,7 +815,7 @@ class Server:
             kill(self.proc)
 
     def memory(self) -> int:
-        return group_memory(self.proc.pid) if self.proc is not None else 0
+        return tree_memory(self.proc.pid) if self.proc is not None else 0
 
     def pause(self) -> None:
         """Stops the server's processes (its process group: the API server, the engine core, the workers), so that an
