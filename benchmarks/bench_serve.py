@@ -746,7 +746,34 @@ def engine_env(args: argparse.Namespace, method: str) -> dict[str, str]:
     # uninitialised temperatures for ngram / suffix drafts when sampling, and `vllm bench throughput` always samples;
     # a no-op for greedy requests).
     env.update(bench.method_environment(method, sampled=True))
+    if method.startswith("lookahead"):
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc: the plugin's counters and step-cost fit after each run
     return env
+
+
+def http_post_json(url: str, body: dict[str, Any], timeout: float = 30.0) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode("utf-8", errors="replace"))
+
+
+# lookahead_stats counters whose change over a run is recorded; the other values (the step-cost fit, acceptance
+# factors) are recorded as they stand after it.
+STATS_COUNTERS = ("steps", "tree_steps", "accepted", "timed_steps", "fallback_requests", "preemptions")
+
+
+def lookahead_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What one run did to a lookahead server's `lookahead_stats`: its counters' change (drafted_* / accepted_* by
+    source included) and the fit and acceptance factors after it."""
+    if not before or not after:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        if key in STATS_COUNTERS or key.startswith(("drafted_", "accepted_")):
+            out[key] = value - before.get(key, 0)
+        elif key.startswith(("step_cost_", "accept_")) or key == "window_value":
+            out[key] = value
+    return out
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -880,6 +907,16 @@ class Server:
         if errors:
             raise RuntimeError(f"warm-up request failed on {self.method}: {errors[0]}; log {self.log_path}")
 
+    def lookahead_stats(self) -> dict[str, Any] | None:
+        """The worker's `lookahead_stats` (lookahead servers only, which run with VLLM_SERVER_DEV_MODE=1)."""
+        if not self.method.startswith("lookahead"):
+            return None
+        try:
+            results = http_post_json(f"{self.base}/collective_rpc", {"method": "lookahead_stats"})["results"]
+        except (urllib.error.URLError, OSError, KeyError, json.JSONDecodeError):
+            return None
+        return next((r for r in results if r), None)
+
     def metrics(self) -> tuple[dict[str, Any], str]:
         status, text = http_get(f"{self.base}/metrics", timeout=30)
         if status != 200:
@@ -988,6 +1025,12 @@ def progress(record: dict[str, Any], rounds: int, elapsed: float) -> str:
     if record.get("tokens_per_forward") is not None:
         parts.append(f"{record['tokens_per_forward']:.2f} tok/fwd")
     parts.append(f"{record['completed']} req")
+    if (la := record.get("lookahead")) is not None:  # how much of the run drafted, and the step-cost fit after it
+        drafted = sum(v for k, v in la.items() if k.startswith("drafted_"))
+        parts.append(
+            f"{drafted / max(la['steps'], 1):.1f} drafts/step, fit {1e3 * la.get('step_cost_fixed', 0):.1f} ms"
+            f" + {1e3 * la.get('step_cost_per_draft', 0):.2f} ms/draft (knee {la.get('step_cost_knee', 0):g})"
+        )
     return f"{head} {', '.join(parts)} ({elapsed:.0f} s)"
 
 
@@ -1103,9 +1146,9 @@ class Sweep:
         t0 = time.monotonic()
         record: dict[str, Any] = {**base, "num_prompts": n}
         try:
-            before = server.metrics()[0]
+            before, stats_before = server.metrics()[0], server.lookahead_stats()
             code = run_to_end(cmd, self.logs / f"client_{name}.log", {**os.environ}, a.run_timeout)
-            after = server.metrics()[0]
+            after, stats_after = server.metrics()[0], server.lookahead_stats()
             if code != 0 or not result_path.exists():
                 raise RuntimeError(
                     f"vllm bench serve exited with {code}; log {self.logs / f'client_{name}.log'}:\n"
@@ -1113,6 +1156,8 @@ class Sweep:
                 )
             result = json.loads(result_path.read_text())
             record.update(parse_serve_result(result, metrics_delta(before, after)))
+            if (lookahead := lookahead_delta(stats_before, stats_after)) is not None:
+                record["lookahead"] = lookahead
             record["result_file"] = str(result_path)
             record["status"] = "ok" if record["completed"] > 0 else "failed-requests"
             if record["status"] != "ok":
