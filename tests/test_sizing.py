@@ -123,6 +123,32 @@ def test_a_knee_the_steps_do_not_show_is_not_fitted():
         assert m.knee == 1 and m.per_draft == pytest.approx(0.0018, rel=0.3)
 
 
+def test_a_knee_on_a_handful_of_steps_is_not_fitted():
+    """Sixteen requests' steps on a line, then the first steps of a batch of 64, a few and a little slower than the
+    line (a traced server's fit put a knee at 384 tokens on four such steps): a knee with only those few past it
+    would price the large batch's drafts on next to no evidence. No knee lies past the many steps until a fair share
+    of the steps lies on each side of it: a draft in the large batch costs about the line's price."""
+    rng = random.Random(3)
+    cost = StepCost()
+
+    def line(r: int, d: int) -> float:
+        return 0.035 + 0.0008 * r + 0.00045 * (r + d)
+
+    for _ in range(300):
+        r, d = rng.randint(12, 16), rng.randint(20, 100)
+        cost.observe(r, d, True, line(r, d) * rng.uniform(0.95, 1.05))
+    for _ in range(4):
+        r, d = 64, rng.randint(350, 390)
+        cost.observe(r, d, True, 1.25 * line(r, d))
+    m = cost.coefficients()
+    assert m.knee <= 100 and cost.marginal(64, 200) == pytest.approx(0.00045, rel=0.3)
+    for _ in range(200):  # once the large steps are a fair share, their slope is measured and may differ
+        r, d = 64, rng.randint(150, 390)
+        cost.observe(r, d, True, 0.035 + 0.0008 * r + 0.00045 * 200 + 0.0009 * (r + d - 200))
+    m = cost.coefficients()
+    assert 96 <= m.knee <= 256 and m.per_draft == pytest.approx(0.0009, rel=0.3)
+
+
 @pytest.mark.parametrize("knee", [4, 6, 12, 96])
 def test_step_cost_finds_where_tokens_start_to_cost(knee):
     """A step bound by reading the weights costs about the same for a few tokens and then a price per token (this
