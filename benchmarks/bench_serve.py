@@ -28,9 +28,11 @@ method sped up are gone and its slowest ones decode on in a shrinking batch (bfl
 plain decoding's tokens/s with 64 prompts, 1.02x with 256).
 
 Server start-up, compilation and warm-up are not timed; each client run is timed by vLLM's client itself. The server's
-`/metrics` is scraped right before and after each client run. With `--offline` (the default) each round then runs
-`vllm bench throughput` (its own engine, all prompts at once, `--max-num-seqs` = the largest concurrency, as many
-prompts as the largest concurrency's serve run, `--num-warmups` = `--warmup-requests`) per method and dataset. Its
+`/metrics` is scraped right before and after each client run, and a lookahead server's `lookahead_stats` too (it runs
+with `VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`): the run's steps and draft tokens and the step-cost fit after it.
+With `--offline` (the default) each round then runs `vllm bench throughput` (its own engine, all prompts at once,
+`--max-num-seqs` = the largest concurrency, as many prompts as the largest concurrency's serve run, `--num-warmups` =
+`--warmup-requests`) per method and dataset. Its
 warm-up prompts are drawn by vLLM from the same prompt file (random: from another seed), so on chat and code the
 methods that learn from earlier outputs may have seen a few of the measured prompts once, sampled.
 
