@@ -761,7 +761,15 @@ def http_post_json(url: str, body: dict[str, Any], timeout: float = 30.0) -> Any
 
 # lookahead_stats counters whose change over a run is recorded; the other values (the step-cost fit, acceptance
 # factors) are recorded as they stand after it.
-STATS_COUNTERS = ("steps", "tree_steps", "accepted", "timed_steps", "fallback_requests", "preemptions")
+STATS_COUNTERS = (
+    "steps",
+    "tree_steps",
+    "accepted",
+    "timed_steps",
+    "fallback_requests",
+    "preemptions",
+    "carried_score",
+)
 
 
 def lookahead_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
