@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import make_llm
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.core.acceptance import CALIBRATION_RANGE
 from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 from vllm_lookahead.glue.stats import SOURCE_NAMES
 
@@ -225,6 +226,9 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     # the verified nodes' scores were summed: a probability each, so at most one a node
     drafted = sum(stats[f"drafted_{s}"] - stats_before[f"drafted_{s}"] for s in SOURCE_NAMES)
     assert 0 < stats["carried_score"] - stats_before["carried_score"] <= drafted
+    # and weighed against what was accepted of them: the sizing's calibration moved off its prior of 1
+    lo, hi = CALIBRATION_RANGE
+    assert lo <= stats["calibration"] <= hi and stats["calibration"] != 1.0
     # every draft vLLM scheduled was one of the trees' nodes: none of vLLM's zero padding, which it adds to the whole
     # batch while one request (the long one) is within num_speculative_tokens of max_model_len
     vllm_drafts = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)

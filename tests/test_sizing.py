@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.core.acceptance import AcceptanceStats
+from vllm_lookahead.core.acceptance import CALIBRATION_RANGE, AcceptanceStats
 from vllm_lookahead.core.cost import BRANCH_PRIOR_WEIGHT, DECAY, KNEES, StepCost
 from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.step_timer import StepTimer
@@ -347,6 +347,29 @@ def test_acceptance_rates_follow_verification():
     # depth 2 was only tried when depth 1 was accepted: its rate stayed high
     assert stats.factor(Source.POOL, 2) > 0.9
     assert stats.path_scores(Source.POOL, None, 2)[1] <= stats.path_scores(Source.POOL, None, 2)[0]
+
+
+def test_carried_nodes_accepted_under_their_scores_shrink_the_trees():
+    """The calibration: of trees carried at a summed score of 2.4, one node was accepted each time; a score is then
+    worth 1 / 2.4 of itself, and the sizing takes fewer nodes. It starts at 1 and stays within its range."""
+    tree = _tree([0.9, 0.6, 0.5, 0.4])
+    stats = AcceptanceStats()
+    assert stats.calibration == 1.0
+    dear = StepCost(relative_node_cost=0.3)
+    # trusted: 0.9, 0.6 and 0.5 pay (0.5 > 2.5 * 0.3 / 1.6), 0.4 not (3.0 * 0.3 / 1.9 = 0.47)
+    assert choose_sizes([tree], [100], 1, dear, budget=100).sizes == [4]
+    for _ in range(3000):
+        stats.observe_carried(tree, [1])
+    assert stats.calibration == pytest.approx(1 / 2.4, rel=0.02)
+    # scaled: 0.375 pays, 0.25 not (1.375 * 0.3 / 1.3 = 0.32)
+    assert choose_sizes([tree], [100], 1, dear, budget=100, scales=[stats.calibration]).sizes == [2]
+    assert plan_step([tree], [100], 1, dear, budget=100, scales=[stats.calibration])[1] == [2]
+    for _ in range(5000):
+        stats.observe_carried(tree, [])
+    assert stats.calibration == CALIBRATION_RANGE[0]
+    for _ in range(5000):
+        stats.observe_carried(tree, [1, 2, 3, 4])
+    assert stats.calibration == CALIBRATION_RANGE[1]
 
 
 def test_window_is_worth_what_its_ngrams_yield():

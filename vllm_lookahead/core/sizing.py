@@ -1,13 +1,13 @@
 """How many tree nodes each request's step carries: as many as raise the expected tokens per second.
 
 A step's requests yield R tokens for sure plus, in expectation, the scores of their draft nodes (each node's
-probability of being accepted). With c the step's cost (`cost.StepCost`), adding a node of score p pays iff
-(Y + p) / (c + m) > Y / c, i.e. p > Y * m / c, where Y is the yield so far and m the price of one more token
-(`StepCost.marginal`). The cost is convex in the drafts, so the bar only rises as nodes are taken and the first node
-that does not pay ends the search. `choose_sizes` adds nodes across all requests in descending score while they pay:
-small trees where tokens are dear (a CPU, a large batch), large ones where they are nearly free (a GPU, or a CPU
-below its knee), none where nothing is likely enough. `plan_step` weighs the trees against each request's best
-chain alone, which saves the branch price.
+probability of being accepted, times its request's `AcceptanceStats.calibration`: `scales`). With c the step's cost
+(`cost.StepCost`), adding a node of score p pays iff (Y + p) / (c + m) > Y / c, i.e. p > Y * m / c, where Y is the
+yield so far and m the price of one more token (`StepCost.marginal`). The cost is convex in the drafts, so the bar
+only rises as nodes are taken and the first node that does not pay ends the search. `choose_sizes` adds nodes across
+all requests in descending score while they pay: small trees where tokens are dear (a CPU, a large batch), large ones
+where they are nearly free (a GPU, or a CPU below its knee), none where nothing is likely enough. `plan_step` weighs
+the trees against each request's best chain alone, which saves the branch price.
 """
 
 from __future__ import annotations
@@ -46,20 +46,23 @@ def choose_sizes(
     cost: StepCost,
     budget: int,
     branched: bool = False,
+    scales: Sequence[float] | None = None,
 ) -> Sizes:
     """Nodes (root included, >= 1) to keep of each tree (each ordered best first, `StepTree.by_score`).
 
     caps[i]: most nodes tree i may keep; requests: the step's decoding requests (lookahead's trees and others,
     each yields its x0's token); budget: most non-root nodes in all; branched: price the step with the branch
-    cost from its first node on (the trees may branch).
+    cost from its first node on (the trees may branch); scales[i]: what tree i's scores are worth (its request's
+    calibration; default 1).
     """
     model = cost.coefficients()
     seconds = model.seconds(requests, 0, branched)
     sizes = [1] * len(trees)
     expected = float(requests)
-    # (negated score, tree): always the best node not yet taken whose parent is taken (trees are ordered best
+    scale = [1.0] * len(trees) if scales is None else scales
+    # (negated worth, tree): always the best node not yet taken whose parent is taken (trees are ordered best
     # first, so each tree offers its next node).
-    heap = [(-t.scores[1], i) for i, t in enumerate(trees) if t.num_nodes > 1 and caps[i] > 1]
+    heap = [(-t.scores[1] * scale[i], i) for i, t in enumerate(trees) if t.num_nodes > 1 and caps[i] > 1]
     heapq.heapify(heap)
     added = 0
     while heap and added < budget:
@@ -74,23 +77,28 @@ def choose_sizes(
         expected += p
         t = trees[i]
         if sizes[i] < min(t.num_nodes, caps[i]):
-            heapq.heappush(heap, (-t.scores[sizes[i]], i))
+            heapq.heappush(heap, (-t.scores[sizes[i]] * scale[i], i))
     if not added:
         seconds = model.seconds(requests, 0)  # plain decoding: no branch to pay for
     return Sizes(sizes, expected, seconds)
 
 
 def plan_step(
-    trees: Sequence[StepTree], caps: Sequence[int], requests: int, cost: StepCost, budget: int
+    trees: Sequence[StepTree],
+    caps: Sequence[int],
+    requests: int,
+    cost: StepCost,
+    budget: int,
+    scales: Sequence[float] | None = None,
 ) -> tuple[list[StepTree], list[int]]:
     """The step's trees and their sizes: each request's best chain alone (`StepTree.best_chain`), or the trees
     themselves where what their branches add is worth the branch price. Either way no better plan than plain
     decoding is passed over: a node is only taken when it pays."""
     if cost.coefficients().branch <= 0:  # no branch price: the trees hold the chains and more
-        return list(trees), choose_sizes(trees, caps, requests, cost, budget).sizes
+        return list(trees), choose_sizes(trees, caps, requests, cost, budget, scales=scales).sizes
     chains = [t.best_chain() for t in trees]
-    by_chain = choose_sizes(chains, caps, requests, cost, budget)
-    by_tree = choose_sizes(trees, caps, requests, cost, budget, branched=True)
+    by_chain = choose_sizes(chains, caps, requests, cost, budget, scales=scales)
+    by_tree = choose_sizes(trees, caps, requests, cost, budget, branched=True, scales=scales)
     # A best-first prefix without a branch is the best chain's prefix: then the chains, priced without the branch.
     branches = any(not t.prefix_is_chain(k) for t, k in zip(trees, by_tree.sizes, strict=True))
     if branches and by_tree.rate > by_chain.rate:

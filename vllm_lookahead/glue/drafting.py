@@ -104,14 +104,16 @@ class Drafting:
         # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
         floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
         self.recycling.decide(floor, [state.stats for state, _ in ready])
-        trees = [state.build_tree(x0, min_score=floor) for state, x0 in ready]
+        # A score is worth its request's calibration: the nodes steps carried were accepted at that per unit of score.
+        scales = [state.stats.calibration for state, _ in ready]
+        trees = [state.build_tree(x0, min_score=floor / s) for (state, x0), s in zip(ready, scales, strict=True)]
         if not self.backend.trees:  # no tree attention here: each request's best chain
             trees = [t.best_chain() for t in trees]
         if self.ranks == 1:
             # Where the tree attention path costs more than its branches bring, each request's best chain alone.
-            trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget)
+            trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget, scales)
         else:
-            sizes = choose_sizes(trees, caps, batch.num_reqs, self.cost, budget).sizes
+            sizes = choose_sizes(trees, caps, batch.num_reqs, self.cost, budget, scales=scales).sizes
         for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
             # The whole tree is kept and vLLM gets its first `size` nodes: scheduling cuts the tree to what was
             # scheduled. Under tensor parallelism every rank builds the same tree from the same state, but only the

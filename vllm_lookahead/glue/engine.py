@@ -233,6 +233,7 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float | str] | Non
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
         **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
         "window_value": engine.acceptance.window_value,
+        "calibration": engine.acceptance.calibration,  # greedy requests' accepted nodes per unit of carried score
         **{f"drafted_{k}": v for k, v in s.drafted.items()},
         **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
         "carried_score": s.carried_score,

@@ -130,8 +130,10 @@ def _update(requests: Requests, stats: LookaheadStats, v: Verified, top: list[li
     if state is not None:
         state.update(s.tree, v.argmax, v.tokens, top)
     if s.ours and state is not None:
-        # The nodes' rates are learned by the state in hindsight, over its whole tree; the window's worth here.
+        # The nodes' rates are learned by the state in hindsight, over its whole tree; the window's worth and the
+        # carried nodes' calibration here.
         state.stats.observe_window(s.tree, v.accepted)
+        state.stats.observe_carried(s.tree, v.accepted)
         _count_sources(stats, s.tree, v.accepted)
     stats.tree_steps += 1
     stats.accepted += len(v.tokens) - 1
