@@ -32,9 +32,9 @@ Server start-up, compilation and warm-up are not timed; each client run is timed
 with `VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`): the run's steps and draft tokens and the step-cost fit after it.
 With `--offline` (the default) each round then runs `vllm bench throughput` (its own engine, all prompts at once,
 `--max-num-seqs` = the largest concurrency, as many prompts as the largest concurrency's serve run, `--num-warmups` =
-`--warmup-requests`) per method and dataset. Its
-warm-up prompts are drawn by vLLM from the same prompt file (random: from another seed), so on chat and code the
-methods that learn from earlier outputs may have seen a few of the measured prompts once, sampled.
+`--warmup-requests`) per method and dataset. Its warm-up prompts are drawn by vLLM from the same prompt file (random:
+from another seed), so on chat and code the methods that learn from earlier outputs may have seen a few of the
+measured prompts once, sampled.
 
 Datasets (`--datasets`, default random,chat,code):
 - `random`: vLLM's own (`--random-input-len 128 --random-output-len 128` by default; vLLM ignores EOS for it). Each
