@@ -32,9 +32,9 @@ Server start-up, compilation and warm-up are not timed; each client run is timed
 with `VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`): the run's steps and draft tokens and the step-cost fit after it.
 With `--offline` (the default) each round then runs `vllm bench throughput` (its own engine, all prompts at once,
 `--max-num-seqs` = the largest concurrency, as many prompts as the largest concurrency's serve run, `--num-warmups` =
-`--warmup-requests`) per method and dataset. Its warm-up prompts are drawn by vLLM from the same prompt file (random:
-from another seed), so on chat and code the methods that learn from earlier outputs may have seen a few of the
-measured prompts once, sampled.
+`--warmup-requests`) per method and dataset; `--no-serve` runs only these. Its warm-up prompts are drawn by vLLM
+from the same prompt file (random: from another seed), so on chat and code the methods that learn from earlier
+outputs may have seen a few of the measured prompts once, sampled.
 
 Datasets (`--datasets`, default random,chat,code):
 - `random`: vLLM's own (`--random-input-len 128 --random-output-len 128` by default; vLLM ignores EOS for it). Each
@@ -172,6 +172,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--offline", action=argparse.BooleanOptionalAction, default=True, help="also `vllm bench throughput`"
     )
+    p.add_argument(
+        "--serve",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="`vllm bench serve` against `vllm serve`; --no-serve: the offline runs only",
+    )
     p.add_argument("--warmup-requests", type=int, default=4, help="untimed requests after each server's start")
     p.add_argument("--kv-cache-gib", type=float, default=2.0, help="VLLM_CPU_KVCACHE_SPACE (unless already set)")
     p.add_argument(
@@ -202,6 +208,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--concurrency, --num-prompts, --max-prompts, --output-len and --rounds must be positive")
     if args.per_slot < 1:
         p.error("--per-slot must be positive")
+    if not args.serve and not args.offline:
+        p.error("--no-serve and --no-offline leave nothing to run")
     bench.check_lookahead_config(p, args.lookahead_config)
     if args.out is None:
         args.out = str(Path("benchmarks") / "results" / "serve" / args.dtype)
@@ -1242,7 +1250,8 @@ class Sweep:
             for method in order:
                 if method in missing:
                     self._skip(rnd, method, "serve", f"{missing[method][0]} is not installed ({missing[method][1]})")
-            self.serve_round(rnd, [m for m in order if m not in missing], model, max_model_len, files)
+            if a.serve:
+                self.serve_round(rnd, [m for m in order if m not in missing], model, max_model_len, files)
             if a.offline:
                 for method in order:
                     if method in missing:

@@ -284,7 +284,8 @@ def test_method_variants_carry_their_options():
 
 
 def test_bad_args_refused():
-    for argv in (["--methods", "eagle"], ["--datasets", "mmlu"], ["--concurrency", "0"], ["--lookahead-config", "[1]"]):
+    bad = (["--methods", "eagle"], ["--datasets", "mmlu"], ["--concurrency", "0"], ["--lookahead-config", "[1]"])
+    for argv in (*bad, ["--no-serve", "--no-offline"]):
         with pytest.raises(SystemExit):
             bs.parse_args(argv)
 
