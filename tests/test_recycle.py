@@ -129,10 +129,11 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
 
 
 class _Rate:
-    """Acceptance statistics whose recycled guesses are accepted at `rate` times their estimates."""
+    """Acceptance statistics whose recycled guesses are accepted at `rate` times their estimates, and whose carried
+    nodes at `calibration` times their scores."""
 
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
+    def __init__(self, rate: float, calibration: float = 1.0) -> None:
+        self.rate, self.calibration = rate, calibration
 
     def factor(self, source: Source, depth: int) -> float:
         assert source == Source.RECYCLE and depth == 1
@@ -152,3 +153,4 @@ def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
     assert not gate.may_pay(bar, [_Rate(1 / 3)])  # greedy requests alone
     assert gate.may_pay(bar, [_Rate(1 / 3), _Rate(1.0)])  # with sampled ones that earn their estimates
     assert gate.may_pay(0.0, [_Rate(1 / 3)])  # no bar (tensor parallelism)
+    assert not gate.may_pay(bar, [_Rate(1.0, calibration=1 / 3)])  # scores worth a third: the drafting's bar too
