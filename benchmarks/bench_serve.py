@@ -1191,6 +1191,7 @@ class Sweep:
         name = f"offline_{method}_{dataset}_r{rnd}"
         out = self.raw / f"{name}.json"
         out.unlink(missing_ok=True)
+        self.raw.mkdir(parents=True, exist_ok=True)  # vLLM's client does not make it (--no-serve: nothing else has)
         log = self.logs / f"{name}.log"
         record: dict[str, Any] = {
             "kind": "offline",

@@ -258,6 +258,27 @@ def test_client_and_offline_commands(tmp_path):
     assert "--speculative-config" not in plain
 
 
+def test_offline_run_alone_records_vllm_s_result(tmp_path, monkeypatch):
+    """With --no-serve the offline run is the sweep's first: its result's folder is there for vLLM's client, and
+    the result is parsed into an ok record."""
+    args = bs.parse_args(["--methods", "lookahead", "--datasets", "random", "--no-serve", "--out", str(tmp_path)])
+    sweep = bs.Sweep(args)
+
+    def client(cmd, log, env, timeout):
+        out = Path(cmd[cmd.index("--output-json") + 1])
+        result = {"elapsed_time": 8.0, "num_requests": 16, "tokens_per_second": 512.0, "requests_per_second": 2.0}
+        out.write_text(json.dumps(result))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("Total num output tokens:  2048\n")
+        return 0
+
+    monkeypatch.setattr(bs, "run_to_end", client)
+    sweep.offline_run(0, "lookahead", "random", MODEL, 512, {})
+    [record] = sweep.records
+    assert record["status"] == "ok", record.get("error")
+    assert record["kind"] == "offline" and record["output_tps"] == pytest.approx(256.0)
+
+
 def test_server_command(tmp_path):
     args = bs.parse_args(["--methods", "ngram", "--dtype", "bfloat16", "--lookahead-config", '{"x": 1}'])
     server = bs.Server("ngram", args, MODEL, 704, tmp_path / "server.log")
