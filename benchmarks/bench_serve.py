@@ -1245,23 +1245,28 @@ class Sweep:
         for note in notes:
             print(f"note: {note}", flush=True)
         print(f"{self.tag}: model {model}, {a.dtype}, max_model_len {max_model_len}, {runtime}", flush=True)
+        self.run_rounds(model, max_model_len, files)
+        self.report()
+        return 0 if any(r["status"] == "ok" for r in self.records) else 1
+
+    def run_rounds(self, model: str, max_model_len: int, files: dict[str, Any]) -> None:
+        """Each round's serve runs (`--serve`), then its offline runs (`--offline`); a method whose package is
+        missing gets a skipped record for each run it would have made, and no other."""
+        a = self.args
         missing = {m: REQUIRES[m] for m in a.method_list if m in REQUIRES and not _importable(REQUIRES[m][0])}
+        kinds = [kind for kind, on in (("serve", a.serve), ("offline", a.offline)) if on]
         for rnd in range(a.rounds):
             order = run_order(a.method_list, rnd)  # rotated: no method always first or last
-            for method in order:
-                if method in missing:
-                    self._skip(rnd, method, "serve", f"{missing[method][0]} is not installed ({missing[method][1]})")
+            for method in (m for m in order if m in missing):
+                for kind in kinds:
+                    self._skip(rnd, method, kind, f"{missing[method][0]} is not installed ({missing[method][1]})")
             if a.serve:
                 self.serve_round(rnd, [m for m in order if m not in missing], model, max_model_len, files)
             if a.offline:
                 for method in order:
-                    if method in missing:
-                        self._skip(rnd, method, "offline", f"{missing[method][0]} is not installed")
-                        continue
-                    for dataset in a.dataset_list:
-                        self.offline_run(rnd, method, dataset, model, max_model_len, files)
-        self.report()
-        return 0 if any(r["status"] == "ok" for r in self.records) else 1
+                    if method not in missing:
+                        for dataset in a.dataset_list:
+                            self.offline_run(rnd, method, dataset, model, max_model_len, files)
 
     def _skip(self, rnd: int, method: str, kind: str, reason: str) -> None:
         concs = self.args.concurrency_list if kind == "serve" else [max(self.args.concurrency_list)]

@@ -499,3 +499,20 @@ def test_interleaving_stops_before_memory_runs_out(monkeypatch):
         sweep.serve_round(0, ["none", "suffix", "lookahead"], "m", 512, {})
     assert closed == ["none"]
     assert bs.tree_memory(os.getpid()) > 0 and bs.available_memory() > 0  # this test's own process
+
+
+def test_a_method_without_its_package_is_skipped_only_where_it_would_have_run(tmp_path, monkeypatch):
+    """--no-serve: a method whose package is missing gets one skipped offline record a dataset, no serve record;
+    the other methods run offline."""
+    argv = ["--methods", "none,suffix", "--datasets", "random,code", "--no-serve", "--out", str(tmp_path)]
+    args = bs.parse_args(argv)
+    sweep = bs.Sweep(args)
+    ran: list[tuple[str, str]] = []
+    monkeypatch.setattr(bs, "_importable", lambda module: False)
+    monkeypatch.setattr(sweep, "serve_round", lambda *a: pytest.fail("--no-serve started servers"))
+    monkeypatch.setattr(sweep, "offline_run", lambda rnd, method, dataset, *a: ran.append((method, dataset)))
+    sweep.run_rounds(MODEL, 512, {})
+    assert sorted(ran) == [("none", "code"), ("none", "random")]
+    skipped = {(r["kind"], r["method"], r["dataset"]) for r in sweep.records}
+    assert skipped == {("offline", "suffix", "random"), ("offline", "suffix", "code")}
+    assert all(r["status"] == "skipped" for r in sweep.records)

@@ -35,7 +35,7 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # do not ask for lookahead.
     "none-noplugin": None,
     # Plain decoding without vLLM's async scheduling, which vLLM turns on for plain decoding only (never for ngram,
-    # suffix or lookahead): whether the overlap pays on this machine.
+    # suffix or lookahead) and only off a CPU: whether the overlap pays on a GPU; on a CPU, an A/A pair with "none".
     "none-sync": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
     "suffix": {"method": "suffix", "num_speculative_tokens": 8},
