@@ -46,11 +46,13 @@ class _Runner:
 
 
 class _Requests:
-    """Every request eligible; a state that records the trees built (one node: nothing to draft)."""
+    """Every request eligible; a state that records the trees built (one node: nothing to draft) and the requests
+    whose state was caught up."""
 
     def __init__(self) -> None:
         self.idle: dict[str, tuple[int, int]] = {}
         self.built: list[int] = []
+        self.touched: list[str] = []
 
     def eligible(self, runner: object, req_id: str) -> bool:
         return True
@@ -60,6 +62,7 @@ class _Requests:
         from vllm_lookahead.core.tree import StepTree
 
         built = self.built
+        self.touched.append(req_id)
 
         class _State:
             stats = AcceptanceStats()
@@ -92,3 +95,64 @@ def test_no_trees_while_a_prompt_is_prefilled_in_chunks():
     assert drafts == [[], [], []] and requests.built == []
     drafts = drafting.propose(runner, [[5], [6], [7]], requests, Step({}, ChainBackend()))
     assert requests.built == [5, 6, 7]
+
+
+def test_a_resting_request_state_is_not_touched_until_it_builds_again():
+    """Where nothing is predictable, a resting request costs no catch-up either: its state learns the tokens it
+    missed, all at once, at its next tree."""
+    from vllm_lookahead.backends import ChainBackend
+
+    drafting, Step = _drafting()
+    runner, requests = _Runner(["a", "b"]), _Requests()
+    requests.idle["a"] = (5, 3)  # a rests three more steps; b builds (its first trees carry nothing: then rests)
+    for _ in range(3):
+        drafting.propose(runner, [[5], [6]], requests, Step({}, ChainBackend()))
+    assert "a" not in requests.touched and requests.touched[:2] == ["b", "b"]
+    drafting.propose(runner, [[5], [6]], requests, Step({}, ChainBackend()))
+    assert requests.touched.count("a") == 1
+
+
+def test_a_finished_request_learns_the_tokens_it_rested_through():
+    """A request that finishes while resting hands its whole output to the suffix candidates, the tokens it never
+    caught up with included."""
+    import numpy as np
+    from vllm import SamplingParams
+
+    from vllm_lookahead.core.acceptance import AcceptanceStats
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.glue.requests import Requests, Shared
+    from vllm_lookahead.glue.stats import LookaheadStats
+
+    params = LookaheadParams()
+    shared = Shared(AcceptanceStats(), AcceptanceStats(), None, None, None)
+    tokens = np.arange(100, 140, dtype=np.int64).reshape(1, -1)
+
+    class Batch:
+        req_ids = ["a"]
+        req_id_to_index = {"a": 0}
+        token_ids_cpu = tokens
+        num_prompt_tokens = np.array([20])
+        num_tokens_no_spec = np.array([25])
+
+    class Req:
+        sampling_params = SamplingParams(temperature=0.0)
+
+    class Runner:
+        input_batch = Batch()
+        requests = {"a": Req()}
+
+    class Output:
+        finished_req_ids = {"a"}
+        preempted_req_ids = None
+
+        class scheduled_cached_reqs:  # noqa: N801
+            resumed_req_ids: set[str] = set()
+
+    requests = Requests(params, shared, LookaheadStats())
+    state = requests.state(Runner(), 0, "a")
+    assert state.seen == 25
+    requests.idle["a"] = (4, 2)  # resting while it made tokens 25..31
+    Batch.num_tokens_no_spec = np.array([32])
+    requests.drop_finished(Runner(), Output())
+    assert state.seen == 32 and state.tail == [130, 131]  # tokens 125..131 learned at the drop
+    assert "a" not in requests.states

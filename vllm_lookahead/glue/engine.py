@@ -132,8 +132,8 @@ class LookaheadEngine:
             self._confirmed = True
             logger.info("lookahead runs %s", self.backend_reason)
 
-    def drop_requests(self, scheduler_output: SchedulerOutput) -> None:
-        self.requests.drop_finished(scheduler_output)
+    def drop_requests(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
+        self.requests.drop_finished(runner, scheduler_output)
 
     def begin_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """Match vLLM's scheduled drafts to the proposed trees and write the tree tokens' positions."""

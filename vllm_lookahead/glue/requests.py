@@ -19,6 +19,7 @@ from vllm_lookahead.glue.target_dist import GREEDY_EPS
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 logger = logging.getLogger("vllm_lookahead")
@@ -48,9 +49,14 @@ class Requests:
         self._eligible: dict[str, bool] = {}
         self._said: set[str] = set()
 
-    def drop_finished(self, scheduler_output: SchedulerOutput) -> None:
-        """Forget finished, preempted and resumed requests."""
+    def drop_finished(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
+        """Forget finished, preempted and resumed requests. A finished request's state first learns the tokens it
+        missed while resting (`drafting.py`), so that its whole output stays a suffix candidate."""
+        batch = runner.input_batch
         for req_id in scheduler_output.finished_req_ids:
+            state, index = self.states.get(req_id), batch.req_id_to_index.get(req_id)
+            if state is not None and index is not None and req_id in self.idle:
+                _catch_up(state, batch, index)
             self._drop(req_id)
         for req_id in scheduler_output.preempted_req_ids or ():
             self._drop(req_id)
@@ -101,8 +107,7 @@ class Requests:
                 shared=s.shared_pool,
                 recycle=s.recycle,
             )
-        num_tokens = int(batch.num_tokens_no_spec[index])
-        state.catch_up(num_tokens, lambda a, b: batch.token_ids_cpu[index, a:b].tolist())
+        _catch_up(state, batch, index)
         return state
 
     @staticmethod
@@ -114,3 +119,8 @@ class Requests:
         sp = req_state.sampling_params
         reason = ineligible_reason(sp, honour_opt_out=False, logprobs_mode=runner.sampler.logprobs_mode)
         return sp.temperature < GREEDY_EPS and reason is None
+
+
+def _catch_up(state: LookaheadState, batch: InputBatch, index: int) -> None:
+    """The state learns the request's tokens so far (those of the input batch's row `index`)."""
+    state.catch_up(int(batch.num_tokens_no_spec[index]), lambda a, b: batch.token_ids_cpu[index, a:b].tolist())

@@ -81,7 +81,7 @@ def _update_states(original):
     def _update_states(self, scheduler_output):
         engine = getattr(self, "_lookahead", None)
         if engine is not None:
-            engine.drop_requests(scheduler_output)
+            engine.drop_requests(self, scheduler_output)
         return original(self, scheduler_output)
 
     return _update_states
