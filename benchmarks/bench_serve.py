@@ -591,43 +591,70 @@ def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: 
 def plot(
     rows: Sequence[dict[str, Any]], datasets: Sequence[str], methods: Sequence[str], path: Path, title: str
 ) -> None:
-    """Serve runs: output tokens/s (top) and mean TTFT (bottom) against concurrency, one column per dataset; the bars
-    span the rounds' range."""
+    """Serve runs: output tokens/s and mean TTFT against concurrency; offline runs (`vllm bench throughput`): output
+    tokens/s per method and concurrency as bars. One column per dataset; the error bars span the rounds' range. A
+    panel row is drawn for each kind of run there is."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(datasets), figsize=(5 * len(datasets), 7.5), squeeze=False)
+    panels = []
+    if any(r["kind"] == "serve" for r in rows):
+        panels += [("serve", "output_tps", "output tokens/s"), ("serve", "ttft_mean_ms", "mean TTFT (ms)")]
+    if any(r["kind"] == "offline" for r in rows):
+        panels.append(("offline", "output_tps", "offline output tokens/s"))
+    if not panels:
+        raise ValueError("no runs to plot")
+    fig, axes = plt.subplots(
+        len(panels), len(datasets), figsize=(max(8, 5 * len(datasets)), 3.75 * len(panels)), squeeze=False
+    )
     for col, dataset in enumerate(datasets):
-        for line, (metric, label) in enumerate((("output_tps", "output tokens/s"), ("ttft_mean_ms", "mean TTFT (ms)"))):
+        for line, (kind, metric, label) in enumerate(panels):
             ax = axes[line][col]
-            for method in methods:
-                pts = [
-                    r
-                    for r in rows
-                    if r["kind"] == "serve" and r["dataset"] == dataset and r["method"] == method and r[metric]
-                ]
-                if not pts:
-                    continue
-                xs = [r["concurrency"] for r in pts]
-                ys = [r[metric]["median"] for r in pts]
-                lo = [y - r[metric]["min"] for y, r in zip(ys, pts, strict=True)]
-                hi = [r[metric]["max"] - y for y, r in zip(ys, pts, strict=True)]
-                err = [lo, hi]
-                ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=method)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("concurrency")
+            mine = [r for r in rows if r["kind"] == kind and r["dataset"] == dataset and r[metric]]
+            if kind == "serve":
+                _plot_serve(ax, mine, methods, metric)
+            else:
+                _plot_offline(ax, mine, methods)
             ax.set_ylabel(label)
             if line == 0:
                 ax.set_title(dataset)
             ax.grid(True, alpha=0.3)
-            if col == 0 and line == 0:
-                ax.legend()
+            if col == 0 and ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _spread_err(pts: Sequence[dict[str, Any]], metric: str) -> tuple[list[float], list[list[float]]]:
+    ys = [r[metric]["median"] for r in pts]
+    return ys, [[y - r[metric]["min"] for y, r in zip(ys, pts, strict=True)],
+                [r[metric]["max"] - y for y, r in zip(ys, pts, strict=True)]]  # fmt: skip
+
+
+def _plot_serve(ax: Any, rows: Sequence[dict[str, Any]], methods: Sequence[str], metric: str) -> None:
+    for method in methods:
+        pts = [r for r in rows if r["method"] == method]
+        if pts:
+            ys, err = _spread_err(pts, metric)
+            ax.errorbar([r["concurrency"] for r in pts], ys, yerr=err, marker="o", capsize=3, label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+
+
+def _plot_offline(ax: Any, rows: Sequence[dict[str, Any]], methods: Sequence[str]) -> None:
+    levels = sorted({r["concurrency"] for r in rows})
+    width = 0.8 / max(len(methods), 1)
+    for k, method in enumerate(methods):
+        pts = sorted((r for r in rows if r["method"] == method), key=lambda r: r["concurrency"])
+        if pts:
+            ys, err = _spread_err(pts, "output_tps")
+            xs = [levels.index(r["concurrency"]) + (k - (len(methods) - 1) / 2) * width for r in pts]
+            ax.bar(xs, ys, width, yerr=err, capsize=3, label=method)
+    ax.set_xticks(range(len(levels)), [f"max {c} at once" for c in levels])
 
 
 # ------------------------------------------------------------------------------------------------------ processes
@@ -1292,7 +1319,7 @@ def write_report(
         f"temperature {a.temperature:g} (offline: 1.0), {a.rounds} round(s); {settings.get('runtime', '')}"
     )
     table = f"# bench_serve {tag}\n\n{title}\n\n"
-    if "lookahead" in a.method_list and "none" in a.method_list:
+    if "lookahead" in a.method_list and "none" in a.method_list and any(r["kind"] == "serve" for r in rows):
         table += "## lookahead against the others (vllm bench serve)\n\n" + headline(records, a.method_list)
         table += "\n## Every run\n\n"
     table += format_table(rows)

@@ -367,6 +367,12 @@ def test_table_and_plot(tmp_path):
     png = tmp_path / "plot.png"
     bs.plot(rows, ["code"], ["none", "lookahead"], png, "test")
     assert png.stat().st_size > 1000
+    # a `--no-serve` run: the offline runs alone, as bars (no empty serve panels)
+    offline = [r for r in rows if r["kind"] == "offline"]
+    bs.plot(offline, ["code"], ["none", "lookahead"], tmp_path / "offline.png", "test")
+    assert (tmp_path / "offline.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="no runs"):
+        bs.plot([], ["code"], ["none"], tmp_path / "none.png", "test")
 
 
 def test_progress_line():
