@@ -15,3 +15,27 @@ def test_the_step_gap_line_reports_the_profiled_batch_alone():
     assert line.startswith("20 decoding steps")
     assert "40.00 ms to the end of drafting, then 2.00 ms to the next step (4.8% of a step)" in line
     assert profile_engine.step_gap_line(before, before) == "no decoding step timed in the profiled batch"
+
+
+def test_clock_times_the_hooks_only_while_on_and_restores_them():
+    """`--clock`: a clocked method is counted while on, not before; the originals are back afterwards."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.glue.engine import LookaheadEngine
+
+    original = LookaheadEngine.__dict__["drop_requests"]
+    dropped = []
+    engine = SimpleNamespace(requests=SimpleNamespace(drop_finished=lambda runner, out: dropped.append(out)))
+    on = [False]
+    row = "- lookahead: drop_requests (in execute_model)"
+    with profile_engine.clocked(lambda: on[0]) as (seconds, calls):
+        LookaheadEngine.drop_requests(engine, None, "warm-up")
+        on[0] = True
+        LookaheadEngine.drop_requests(engine, None, "a")
+        LookaheadEngine.drop_requests(engine, None, "b")
+    assert dropped == ["warm-up", "a", "b"] and calls[row] == 2 and seconds[row] > 0
+    assert LookaheadEngine.__dict__["drop_requests"] is original
+    steps = "engine step (LLMEngine.step)"
+    rows = profile_engine.clock_table({steps: 0.5, row: 0.01}, {steps: 10, row: 20})
+    assert rows[0] == "| per engine step (10 steps) | ms | calls |"
+    assert f"| {steps} | 50.000 | 10 |" in rows and f"| {row} | 1.000 | 20 |" in rows

@@ -16,6 +16,16 @@ many small Python calls (the plugin's) several times more than the kernels: comp
 It ends with the profiled batch's decoding steps as the engine's own step-cost fit timed them (`lookahead_stats`:
 `timed_step_span`, `timed_step_gap`): the mean milliseconds from a step's start to the end of its drafting, and from
 there to the next step's start (vLLM's scheduling and output processing), both slowed by the profiler.
+
+`--clock` times instead of profiling, with no profiler's inflation: the plugin's hooks (`LookaheadEngine`'s methods)
+and the phases of vLLM's step around them are wrapped from outside with a clock, during the measured batch only, and
+printed as milliseconds per engine step. What the plugin costs a step is its hooks' rows; `runner._sample` includes
+the `lookahead: sample` hook, which includes vLLM's own sampler. `--random-input-len N` generates vLLM's own random
+prompts (as `vllm bench throughput --dataset-name random` does, N tokens each) instead of the set's, and
+`--temperature 1` samples as `vllm bench throughput` does:
+
+    python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/profile_engine.py --clock \
+        --compiled --random-input-len 128 --temperature 1 --num-prompts 64 --max-tokens 128 --method none
 """
 
 from __future__ import annotations
@@ -26,8 +36,82 @@ import io
 import json
 import pstats
 import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import import_module
 
 from vllm_lookahead.devtools import bench
+
+# (row, module, class, method) timed by --clock, in the order of a step
+CLOCKED = (
+    ("engine step (LLMEngine.step)", "vllm.v1.engine.llm_engine", "LLMEngine", "step"),
+    ("scheduler.schedule", "vllm.v1.core.sched.scheduler", "Scheduler", "schedule"),
+    ("runner.execute_model", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model"),
+    ("- lookahead: drop_requests (in execute_model)", "vllm_lookahead.glue.engine", "LookaheadEngine", "drop_requests"),
+    ("- runner._prepare_inputs (in execute_model)", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
+     "_prepare_inputs"),
+    ("- lookahead: begin_step (in _prepare_inputs)", "vllm_lookahead.glue.engine", "LookaheadEngine", "begin_step"),
+    ("- runner._model_forward (in execute_model)", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner",
+     "_model_forward"),
+    ("runner.sample_tokens", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "sample_tokens"),
+    ("- runner._sample (in sample_tokens)", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_sample"),
+    ("- lookahead: sample (in _sample, vLLM's sampler included)", "vllm_lookahead.glue.engine", "LookaheadEngine",
+     "sample"),
+    ("- lookahead: propose (in sample_tokens)", "vllm_lookahead.glue.engine", "LookaheadEngine", "propose"),
+    ("scheduler.update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
+)  # fmt: skip
+
+
+@contextmanager
+def clocked(on: Callable[[], bool]) -> Iterator[tuple[dict[str, float], dict[str, int]]]:
+    """Wraps every CLOCKED method with a clock (counted while `on()`); restores them on exit. Yields the seconds and
+    calls per row."""
+    seconds: dict[str, float] = defaultdict(float)
+    calls: dict[str, int] = defaultdict(int)
+    saved = []
+
+    def wrap(row: str, original: Callable) -> Callable:
+        def timed(*a, **k):
+            if not on():
+                return original(*a, **k)
+            t = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                seconds[row] += time.perf_counter() - t
+                calls[row] += 1
+
+        return timed
+
+    for row, module, cls, name in CLOCKED:
+        owner = getattr(import_module(module), cls)
+        saved.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, wrap(row, getattr(owner, name)))
+    try:
+        yield seconds, calls
+    finally:
+        for owner, name, original in reversed(saved):
+            setattr(owner, name, original)
+
+
+def clock_table(seconds: dict[str, float], calls: dict[str, int]) -> list[str]:
+    """Markdown rows: each clocked row's milliseconds per engine step and its calls."""
+    steps = calls.get(CLOCKED[0][0], 0) or 1
+    rows = [f"| per engine step ({steps} steps) | ms | calls |", "|---|---|---|"]
+    for row, *_ in CLOCKED:
+        if row in calls:
+            rows.append(f"| {row} | {seconds[row] / steps * 1e3:.3f} | {calls[row]} |")
+    return rows
+
+
+def random_prompts(llm, n: int, input_len: int, seed: int) -> list[str]:
+    """vLLM's own random prompts, as `vllm bench throughput --dataset-name random` makes them."""
+    from vllm.benchmarks.datasets.datasets import RandomDataset
+
+    requests = RandomDataset(random_seed=seed).sample(llm.get_tokenizer(), n, input_len=input_len, output_len=1)
+    return [r.prompt for r in requests]
 
 
 def step_gap_line(before: dict[str, float], after: dict[str, float]) -> str:
@@ -53,12 +137,50 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bench.add_sampling_args(p)
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--top", type=int, default=25, help="rows of each table")
+    p.add_argument("--clock", action="store_true", help="time the plugin's hooks and vLLM's step phases, no cProfile")
+    p.add_argument("--compiled", action="store_true", help="compiled, as vllm serve runs (default: eager)")
+    p.add_argument("--random-input-len", type=int, default=0, help="N > 0: vLLM's random prompts of N tokens")
     return p.parse_args(argv)
+
+
+def clock_main(args: argparse.Namespace) -> int:
+    llm = bench.in_process_engine(
+        args, args.concurrency, bench.LOOKAHEAD if args.method == "lookahead" else None, enforce_eager=not args.compiled
+    )
+    on = [False]
+
+    def start() -> None:
+        on[0] = True
+
+    with clocked(lambda: on[0]) as (seconds, calls):
+        if args.random_input_len > 0:
+            sp = bench.sampling_params(args)
+            sp.ignore_eos = True  # as vllm bench throughput: every request runs to --max-tokens
+            n = args.num_prompts
+            llm.generate(random_prompts(llm, max(args.concurrency, 2), args.random_input_len, 1), sp, use_tqdm=False)
+            start()
+            t = time.perf_counter()
+            outs = llm.generate(random_prompts(llm, n, args.random_input_len, 2), sp, use_tqdm=True)
+            elapsed, tokens = time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+        else:
+            _, elapsed, tokens = bench.timed_generate(llm, args, args.concurrency, start)
+        on[0] = False
+    what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
+    data = f"random {args.random_input_len}-token prompts" if args.random_input_len > 0 else args.dataset
+    mode = "compiled" if args.compiled else "eager"
+    print(f"\n{what}, {data}, {args.dtype}, {mode}, {bench.sampling_label(args)}, concurrency {args.concurrency}: "
+          f"{tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s\n")  # fmt: skip
+    print("\n".join(clock_table(seconds, calls)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    llm = bench.in_process_engine(args, args.concurrency, bench.LOOKAHEAD if args.method == "lookahead" else None)
+    if args.clock:
+        return clock_main(args)
+    llm = bench.in_process_engine(
+        args, args.concurrency, bench.LOOKAHEAD if args.method == "lookahead" else None, enforce_eager=not args.compiled
+    )
     prof = cProfile.Profile()
     before: list[dict | None] = []
 
