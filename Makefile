@@ -53,7 +53,7 @@ lint: setup
 	$(PY) -m ruff check .
 
 test: model model-tp lint
-	$(RUN) $(PY) -m pytest -q tests
+	$(RUN) $(PY) -m pytest -q --durations=25 $(PYTEST_ARGS) tests
 
 # Peer methods (ngram, suffix, none) against lookahead on HumanEval and ShareGPT.
 bench: model

@@ -1,13 +1,14 @@
 """A bounded serving soak: `vllm serve` with lookahead on 127.0.0.1 under a mix of concurrent clients.
 
     python benchmarks/soak_serve.py                         # 5 minutes, 16 clients (the long run)
-    python benchmarks/soak_serve.py --duration 60 --clients 8 --json report.json    # the short run `make test` does
+    python benchmarks/soak_serve.py --duration 30 --clients 8 --json report.json    # the short run `make test` does
 
 Starts the server (the embedded default model, float32, eager, `--speculative-config '{"method": "lookahead"}'`,
 `VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`), then `--clients` threads send requests until `--duration` is up,
-each drawn from the mix: completions and chat, streaming and not, greedy and sampled, requests with their own
-lookahead settings and opted-out ones, streams the client drops after a few chunks (deliberate aborts), and prompts
-that run into `--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
+each client running through the mix in turn from its own start (every kind is sent within the first few seconds):
+completions and chat, streaming and not, greedy and sampled, requests with their own lookahead settings and
+opted-out ones, streams the client drops after a few chunks (deliberate aborts), and prompts that run into
+`--max-model-len` (no `max_tokens`). Every few seconds it samples the engine process's RSS and the
 worker's live lookahead states. At the end it waits for the server to go idle and reports: requests served per
 kind, errors (anything but a 200 with a complete answer, aborts aside), lookahead states alive at the end, and the
 engine's RSS after warm-up and at the end. Both engines run with oneDNN's primitive cache bounded
@@ -342,8 +343,10 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
 
         def loop(i: int) -> None:
             client = Client(base, model, prompts, args, seed=args.seed * 1000 + i)
+            sent = 0
             while time.monotonic() < stop_at:
-                kind = client.rng.choice(KINDS)
+                kind = KINDS[(i + sent) % len(KINDS)]  # each client runs through the mix from its own start
+                sent += 1
                 try:
                     result = client.one(kind)
                 except Exception as e:  # noqa: BLE001 - a failed request is counted, the soak goes on

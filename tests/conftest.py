@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -17,9 +18,27 @@ def model_path() -> str:
 
 
 def make_llm(model_path: str, **kwargs):
-    """A small, deterministic engine: float32 (exactness is only defined there), eager, short context."""
-    from vllm import LLM
+    """A small, deterministic engine: float32 (exactness is only defined there), eager, short context.
+
+    Its engine core runs in this process (its worker in vLLM's own worker process, so that engines alive at once
+    keep apart): spawning and importing vLLM for an engine-core process as well took about 8 s an engine. The served
+    and benchmark tests run vLLM's default layout, as users do."""
+    from vllm import LLM, envs
 
     args = dict(model=model_path, dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)
     args.update(kwargs)
-    return LLM(**args)
+    args.setdefault("distributed_executor_backend", "mp")
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(key)
+    os.environ[key] = "0"
+    try:
+        return LLM(**args)
+    finally:
+        if before is None:
+            del os.environ[key]
+        else:
+            os.environ[key] = before
+        # The engine core caches vLLM's variables once started (later tests set theirs) and freezes the heap for a
+        # server's GC pauses (an older engine freed later must stay collectable here).
+        envs.disable_envs_cache()
+        gc.unfreeze()

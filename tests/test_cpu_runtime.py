@@ -43,6 +43,11 @@ def test_a_users_binding_is_not_replaced(monkeypatch):
     assert "VLLM_CPU_OMP_THREADS_BIND" not in cpu_runtime.environment({"VLLM_CPU_OMP_THREADS_BIND": "nobind"})
 
 
+def test_compiled_starts_use_the_cache_that_loads_unless_the_user_chose():
+    assert cpu_runtime.environment({})["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "VLLM_USE_AOT_COMPILE" not in cpu_runtime.environment({"VLLM_USE_AOT_COMPILE": "1"})
+
+
 def test_describe_names_the_runtime():
     line = cpu_runtime.describe(
         {"LD_PRELOAD": "/a/libtcmalloc_minimal.so.4:/b/libiomp5.so", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}

@@ -15,10 +15,9 @@ PROMPT = "Repeat: one two three four five, one two three four five, one two thre
 
 @pytest.fixture
 def draft_calls(monkeypatch):
-    """Calls of the engine core's fetch of the drafts from the worker (the engine in this process)."""
+    """Calls of the engine core's fetch of the drafts from the worker (`_llm`: the worker in this process)."""
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     calls = []
     real = UniProcExecutor.take_draft_token_ids
 
@@ -30,13 +29,17 @@ def draft_calls(monkeypatch):
     return calls
 
 
+def _llm(model_path: str, spec: dict):
+    return make_llm(model_path, speculative_config=spec, distributed_executor_backend="uni")
+
+
 def _generate(llm) -> list[int]:
     out = llm.generate([PROMPT, PROMPT + " three"], SamplingParams(temperature=0.0, max_tokens=48), use_tqdm=False)
     return [list(o.outputs[0].token_ids) for o in out]
 
 
 def test_lookahead_drafts_come_with_the_model_output(model_path, draft_calls):
-    llm = make_llm(model_path, speculative_config={"method": "lookahead"})
+    llm = _llm(model_path, {"method": "lookahead"})
     try:
         _generate(llm)
         stats = llm.collective_rpc("lookahead_stats")[0]
@@ -48,7 +51,7 @@ def test_lookahead_drafts_come_with_the_model_output(model_path, draft_calls):
 
 def test_other_methods_keep_vllms_fetch(model_path, draft_calls):
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
-    llm = make_llm(model_path, speculative_config=spec)
+    llm = _llm(model_path, spec)
     try:
         _generate(llm)
     finally:

