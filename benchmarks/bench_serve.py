@@ -19,7 +19,7 @@ minutes; `--no-interleave`: one server at a time runs all its datasets and concu
 
     vllm bench serve --max-concurrency C --num-prompts min(--max-prompts, max(K C, --num-prompts)) --request-rate inf
         --temperature 0 --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --ready-check-timeout-sec 0
-        --save-result ...
+        --save-result --save-detailed ...
 
 (`--ready-check-timeout-sec 0`: no untimed first request, which would generate the run's first prompt and let the
 methods that learn from earlier outputs meet its answer again in the timed run.) K is `--per-slot` (default 4): with
@@ -55,7 +55,9 @@ runs with `VLLM_LOOKAHEAD_FIX_CPU_SAMPLING=1`, as every engine here does, for vL
 
 Reported per run kind (serve / offline), dataset, method and concurrency, as medians over the rounds with their
 min-max spread: output tokens/s (vLLM's `output_throughput`; offline: output tokens / `elapsed_time`), the ratio to
-plain decoding in the same round (the median of the per-round ratios), mean and p99 TTFT, mean and p99 ITL (vLLM's
+plain decoding in the same round (the median of the per-round ratios), mean and p99 TTFT (and in the headline table
+the mean TTFT of the requests sent after the first wave, which join a running batch, from the per-request times of
+`--save-detailed`), mean and p99 ITL (vLLM's
 client measures ITL between streamed chunks: a speculative step that returns k tokens is one interval; TPOT, per
 token, is in the JSON), and tokens per forward = generated tokens / (generated tokens - accepted draft tokens), both
 from the server's /metrics counters (`vllm:generation_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total`)
@@ -116,6 +118,7 @@ METRICS = {
     "output_tps": "tok/s",
     "ttft_mean_ms": "TTFT mean",
     "ttft_p99_ms": "TTFT p99",
+    "ttft_later_ms": "TTFT after the first wave",
     "itl_mean_ms": "ITL mean",
     "itl_p99_ms": "ITL p99",
     "tpot_mean_ms": "TPOT mean",
@@ -419,6 +422,7 @@ def parse_serve_result(result: dict[str, Any], delta: dict[str, Any] | None = No
             key = f"{stat}_{metric}_ms"
             if key in result:
                 row[f"{metric}_{stat}_ms"] = result[key]
+    row.update(ttft_by_wave(result))
     if "spec_decode_acceptance_rate" in result:
         row["acceptance_rate"] = result["spec_decode_acceptance_rate"]
         row["acceptance_length"] = result["spec_decode_acceptance_length"]
@@ -432,6 +436,21 @@ def parse_serve_result(result: dict[str, Any], delta: dict[str, Any] | None = No
         row["accepted_per_pos"] = delta["accepted_per_pos"]
         row["tokens_per_forward"] = tokens_per_forward(delta[GENERATION], delta[ACCEPTED])
     return row
+
+
+def ttft_by_wave(result: dict[str, Any]) -> dict[str, float]:
+    """Mean TTFT of the first wave (the `max_concurrency` requests sent at once at the start, which queue for their
+    prefills) and of the later requests (each sent as one finishes, into a running batch: it waits for the step in
+    flight and its own admission step), from `--save-detailed`'s per-request `ttfts` and `start_times`."""
+    ttfts, starts = result.get("ttfts"), result.get("start_times")
+    if not ttfts or not starts or len(ttfts) != len(starts):
+        return {}
+    order = sorted(range(len(starts)), key=starts.__getitem__)
+    wave = max(1, min(int(result.get("max_concurrency") or len(order)), len(order)))
+    out = {"ttft_first_wave_ms": 1e3 * statistics.fmean(ttfts[i] for i in order[:wave])}
+    if len(order) > wave:
+        out["ttft_later_ms"] = 1e3 * statistics.fmean(ttfts[i] for i in order[wave:])
+    return out
 
 
 def parse_throughput_result(result: dict[str, Any], log_text: str, output_len: int) -> dict[str, Any]:
@@ -554,14 +573,18 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: str = "lookahead") -> str:
     """A markdown table of TARGET against the others, per dataset and concurrency of the serve runs: plain decoding's
     tokens/s, each method's tokens/s over plain decoding's (tokens per forward in brackets), TARGET over the best of
-    the others (plain decoding included) and TARGET's mean TTFT over plain decoding's. Both ratios are taken within
-    each round (runs minutes apart, not hours), then the median over rounds; the range follows when rounds differ."""
+    the others (plain decoding included), TARGET's mean TTFT over plain decoding's, and the same for the requests
+    sent after the first wave (`ttft_by_wave`). The ratios are taken within each round (runs minutes apart, not
+    hours), then the median over rounds; the range follows when rounds differ."""
     ok = [r for r in records if r.get("status") == "ok" and r["kind"] == "serve"]
     by = {(r["dataset"], r["concurrency"], r["method"], r["round"]): r for r in ok}
     summary = {(r["dataset"], r["concurrency"], r["method"]): r for r in summarize(ok, methods)}
     others = [m for m in methods if m not in ("none", target)]
     cells = [m for m in methods if m != "none"]
-    head = ["prompts", "concurrency", "plain tok/s", *cells, f"{target} / best other", "TTFT / plain"]
+    head = [
+        "prompts", "concurrency", "plain tok/s", *cells, f"{target} / best other", "TTFT / plain",
+        "TTFT after the first wave / plain",
+    ]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     datasets = list(dict.fromkeys(r["dataset"] for r in ok))
     for dataset in datasets:
@@ -574,7 +597,7 @@ def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: 
                 s = summary.get((dataset, conc, m))
                 row.append("-" if s is None or s["ratio"] is None else
                            f"{s['ratio']['median']:.2f}x ({_fmt(s['tokens_per_forward'], 2, False)})")  # fmt: skip
-            best, ttft = [], []
+            best, ttft, later = [], [], []
             for rnd in sorted({r["round"] for r in ok}):
                 mine, base = by.get((dataset, conc, target, rnd)), by.get((dataset, conc, "none", rnd))
                 rivals = [by.get((dataset, conc, m, rnd)) for m in ("none", *others)]
@@ -583,7 +606,9 @@ def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: 
                 best.append(mine["output_tps"] / max(r["output_tps"] for r in rivals))  # type: ignore[union-attr]
                 if mine.get("ttft_mean_ms") and base.get("ttft_mean_ms"):
                     ttft.append(mine["ttft_mean_ms"] / base["ttft_mean_ms"])
-            row += [_fmt(spread(best), 2), _fmt(spread(ttft), 2)]
+                if mine.get("ttft_later_ms") and base.get("ttft_later_ms"):
+                    later.append(mine["ttft_later_ms"] / base["ttft_later_ms"])
+            row += [_fmt(spread(best), 2), _fmt(spread(ttft), 2), _fmt(spread(later), 2)]
             lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -1002,7 +1027,7 @@ def serve_client_command(
         *vllm_command(), "bench", "serve", "--backend", "openai", "--host", HOST, "--port", str(port),
         "--model", model, "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--request-rate", "inf",
         "--temperature", f"{args.temperature:g}", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", "50,99", "--disable-tqdm",
+        "--metric-percentiles", "50,99", "--disable-tqdm", "--save-detailed",
         # No readiness request: vLLM's client would first generate the run's first prompt in full, untimed, and the
         # methods that learn from earlier outputs (suffix, lookahead) would meet its answer again in the timed run
         # (one prompt in 8 at batch 1). The server was found healthy and warmed up before.

@@ -142,6 +142,18 @@ def test_serve_result_parsed():
     assert "acceptance_rate" not in plain
 
 
+def test_first_wave_and_later_ttft_parsed():
+    """With `--save-detailed`, the mean TTFT of the requests sent at the start (as many as the concurrency) apart
+    from the later ones, by start time whatever order vLLM lists them in; no split without the detailed fields."""
+    detailed = {**SERVE_RESULT_NONE, "max_concurrency": 2, "num_prompts": 5,
+                "start_times": [10.0, 10.0, 11.5, 10.9, 12.0], "ttfts": [0.9, 1.1, 0.3, 0.1, 0.2]}  # fmt: skip
+    row = bs.parse_serve_result(detailed)
+    assert row["ttft_first_wave_ms"] == pytest.approx(1000.0) and row["ttft_later_ms"] == pytest.approx(200.0)
+    one_wave = bs.parse_serve_result({**detailed, "max_concurrency": 8})
+    assert one_wave["ttft_first_wave_ms"] == pytest.approx(520.0) and "ttft_later_ms" not in one_wave
+    assert "ttft_first_wave_ms" not in bs.parse_serve_result(SERVE_RESULT_NONE)
+
+
 def test_metrics_parsed_and_differenced():
     after = bs.parse_metrics(METRICS_AFTER)
     assert after[bs.GENERATION] == 192.0 and after[bs.ACCEPTED] == 154.0
@@ -246,6 +258,7 @@ def test_client_and_offline_commands(tmp_path):
     assert "bench serve" in text and "--max-concurrency 4" in text and "--num-prompts 8" in text
     assert "--temperature 0" in text and "--request-rate inf" in text and "--metric-percentiles 50,99" in text
     assert "--ready-check-timeout-sec 0" in text  # no untimed first request that the timed run would repeat
+    assert "--save-detailed" in text  # per-request TTFTs: the first wave apart from the later requests
     assert f"--dataset-name sharegpt --dataset-path {tmp_path / 'code_c4.json'}" in text
     assert "--sharegpt-output-len 128" in text and "--disable-shuffle" in text and "--ignore-eos" not in text
     rnd = " ".join(bs.serve_client_command(args, 8000, MODEL, "random", 4, 8, files))
@@ -318,7 +331,7 @@ def _records() -> list[dict]:
         recs.append(
             {"kind": "serve", "round": rnd, "method": "none", "dataset": "code", "concurrency": 4, "status": "ok",
              "output_tps": none_tps, "ttft_mean_ms": 50.0 + rnd, "ttft_p99_ms": 60.0, "itl_mean_ms": 20.0,
-             "itl_p99_ms": 30.0, "tokens_per_forward": 1.0}
+             "itl_p99_ms": 30.0, "tokens_per_forward": 1.0, "ttft_later_ms": 20.0}
         )  # fmt: skip
         if la_tps is None:
             recs.append(
@@ -329,7 +342,8 @@ def _records() -> list[dict]:
             recs.append(
                 {"kind": "serve", "round": rnd, "method": "lookahead", "dataset": "code", "concurrency": 4,
                  "status": "ok", "output_tps": la_tps, "ttft_mean_ms": 70.0, "ttft_p99_ms": 90.0, "itl_mean_ms": 40.0,
-                 "itl_p99_ms": 60.0, "tokens_per_forward": 2.0 + rnd, "acceptance_rate": 50.0}
+                 "itl_p99_ms": 60.0, "tokens_per_forward": 2.0 + rnd, "acceptance_rate": 50.0,
+                 "ttft_later_ms": 19.0 + 2 * rnd}
             )  # fmt: skip
     recs.append(
         {"kind": "offline", "round": 0, "method": "lookahead", "dataset": "code", "concurrency": 4, "status": "ok",
@@ -415,10 +429,14 @@ def test_headline_ratios_within_rounds(tmp_path):
     table = bs.headline(recs, ["none", "suffix", "lookahead"])
     lines = table.splitlines()
     assert lines[0] == (
-        "| prompts | concurrency | plain tok/s | suffix | lookahead | lookahead / best other | TTFT / plain |"
+        "| prompts | concurrency | plain tok/s | suffix | lookahead | lookahead / best other | TTFT / plain "
+        "| TTFT after the first wave / plain |"
     )
-    # rounds 0 and 1 only (lookahead failed in round 2): 150/160 and 100/90; TTFT 70/50 and 70/51
-    assert lines[2] == "| code | 4 | 100 | 1.12x (1.50) | 1.38x (2.50) | 1.02 (0.94-1.11) | 1.39 (1.37-1.40) |"
+    # rounds 0 and 1 only (lookahead failed in round 2): 150/160 and 100/90; TTFT 70/50 and 70/51; after the first
+    # wave 19/20 and 21/20
+    assert lines[2] == (
+        "| code | 4 | 100 | 1.12x (1.50) | 1.38x (2.50) | 1.02 (0.94-1.11) | 1.39 (1.37-1.40) | 1.00 (0.95-1.05) |"
+    )
     assert len(lines) == 3  # the offline record is not a serve row
     path = tmp_path / "run.json"
     settings = {"methods": ["none", "suffix", "lookahead"], "datasets": ["code"], "dtype": "float32", "eager": False,
