@@ -616,7 +616,8 @@ def headline(records: Sequence[dict[str, Any]], methods: Sequence[str], target: 
 def plot(
     rows: Sequence[dict[str, Any]], datasets: Sequence[str], methods: Sequence[str], path: Path, title: str
 ) -> None:
-    """Serve runs: output tokens/s and mean TTFT against concurrency; offline runs (`vllm bench throughput`): output
+    """Serve runs: output tokens/s, mean TTFT and (where saved) the mean TTFT of the requests after the first wave
+    against concurrency; offline runs (`vllm bench throughput`): output
     tokens/s per method and concurrency as bars. One column per dataset; the error bars span the rounds' range. A
     panel row is drawn for each kind of run there is."""
     import matplotlib
@@ -627,6 +628,8 @@ def plot(
     panels = []
     if any(r["kind"] == "serve" for r in rows):
         panels += [("serve", "output_tps", "output tokens/s"), ("serve", "ttft_mean_ms", "mean TTFT (ms)")]
+        if any(r["kind"] == "serve" and r.get("ttft_later_ms") for r in rows):
+            panels.append(("serve", "ttft_later_ms", "TTFT after the first wave (ms)"))
     if any(r["kind"] == "offline" for r in rows):
         panels.append(("offline", "output_tps", "offline output tokens/s"))
     if not panels:

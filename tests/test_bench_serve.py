@@ -381,6 +381,8 @@ def test_table_and_plot(tmp_path):
     png = tmp_path / "plot.png"
     bs.plot(rows, ["code"], ["none", "lookahead"], png, "test")
     assert png.stat().st_size > 1000
+    # four panel rows: tokens/s, mean TTFT, TTFT after the first wave (the records carry it), offline tokens/s
+    assert int.from_bytes(png.read_bytes()[20:24], "big") == round(4 * 3.75 * 120)
     # a `--no-serve` run: the offline runs alone, as bars (no empty serve panels)
     offline = [r for r in rows if r["kind"] == "offline"]
     bs.plot(offline, ["code"], ["none", "lookahead"], tmp_path / "offline.png", "test")
