@@ -1,7 +1,7 @@
 """A bounded serving soak: `vllm serve` with lookahead on 127.0.0.1 under a mix of concurrent clients.
 
     python benchmarks/soak_serve.py                         # 5 minutes, 16 clients (the long run)
-    python benchmarks/soak_serve.py --duration 30 --clients 8 --json report.json    # the short run `make test` does
+    python benchmarks/soak_serve.py --duration 30 --clients 10 --json report.json   # the short run `make test` does
 
 Starts the server (the embedded default model, float32, eager, `--speculative-config '{"method": "lookahead"}'`,
 `VLLM_SERVER_DEV_MODE=1` for `/collective_rpc`), then `--clients` threads send requests until `--duration` is up,
@@ -16,11 +16,10 @@ engine's RSS after warm-up and at the end. Both engines run with oneDNN's primit
 start, prefill prompts of more distinct lengths than its and vLLM's per-layer caches of step sizes hold
 (`CACHE_FILL_LENGTHS`), so that the growth measured is not those bounded caches filling up, and with TCMalloc
 returning freed pages at once (`TCMALLOC_ENV`), so that RSS is live memory rather than the allocator's cache of
-freed blocks. The same mix then
-runs on plain decoding (unless `--no-baseline`), whose engine may grow under it by itself, so the bound is on
-lookahead's growth beyond plain decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with
-`--json`, the reports. Exits 1 if errors > 0, live states at the end > 0 or lookahead's RSS grew by more than
-`--rss-bound-mb` beyond plain decoding's.
+freed blocks. The same mix then runs on plain decoding (unless `--no-baseline`; its server starts with lookahead's
+and waits idle), whose engine may grow under it by itself, so the bound is on lookahead's growth beyond plain
+decoding's. Prints a table, saves a PNG (RSS and live states over time) and, with `--json`, the reports. Exits 1 if
+errors > 0, live states at the end > 0 or lookahead's RSS grew by more than `--rss-bound-mb` beyond plain decoding's.
 """
 
 from __future__ import annotations
@@ -75,7 +74,8 @@ ONEDNN_CACHE_CAPACITY = 64
 # once, RSS tracks live memory, which is what a leak would grow: both engines run so unless the environment says
 # otherwise.
 TCMALLOC_ENV = {"TCMALLOC_AGGRESSIVE_DECOMMIT": "true"}
-CACHE_FILL_LENGTHS = range(2, 2 + 160)
+# Twice the 32 sizes a layer keeps: both caches are full before the clients start (160 lengths took a minute a server).
+CACHE_FILL_LENGTHS = range(2, 2 + 64)
 
 
 @dataclass
@@ -149,8 +149,7 @@ def _free_port() -> int:
 
 
 def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    import requests
-
+    """Starts `vllm serve` and returns at once (its process and base URL); `wait_healthy` waits for it."""
     from vllm_lookahead.devtools.models import default_model_path
 
     port = _free_port()
@@ -171,14 +170,19 @@ def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple
         env.setdefault(key, value)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    base = f"http://{HOST}:{port}"
+    return proc, f"http://{HOST}:{port}"
+
+
+def wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> None:
+    import requests
+
     deadline = time.monotonic() + 600
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
         try:
             if requests.get(f"{base}/health", timeout=5).status_code == 200:
-                return proc, base
+                return
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
@@ -315,7 +319,8 @@ def fill_step_size_cache(base: str, model: str) -> None:
         ).raise_for_status()
 
 
-def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
+def soak(args: argparse.Namespace, config: str, server: tuple[subprocess.Popen, str], log_path: Path) -> Report:
+    """The mix against a started server (stopped at the end)."""
     import requests
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -331,8 +336,9 @@ def soak(args: argparse.Namespace, config: str, log_path: Path) -> Report:
         "long": [tok.decode(long_ids)],
     }
     report = Report(config=config, duration_s=args.duration, clients=args.clients)
-    proc, base = start_server(args, config, log_path)
+    proc, base = server
     try:
+        wait_healthy(proc, base, log_path)
         model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         fill_step_size_cache(base, model)
         served: Counter[str] = Counter()
@@ -461,8 +467,19 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"soak_c{args.clients}_d{int(args.duration)}"
-    la = soak(args, args.lookahead_config, out / f"{name}_server.log")
-    plain = None if args.no_baseline else soak(args, "none", out / f"{name}_plain_server.log")
+    # Both servers start at once (a start is mostly one core importing and loading); the plain one waits, idle,
+    # until lookahead's soak is done.
+    configs = {"lookahead": args.lookahead_config, **({} if args.no_baseline else {"plain": "none"})}
+    logs = {k: out / f"{name}_{'plain_' if k == 'plain' else ''}server.log" for k in configs}
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        for k, config in configs.items():
+            servers[k] = start_server(args, config, logs[k])
+        la = soak(args, configs["lookahead"], servers["lookahead"], logs["lookahead"])
+        plain = soak(args, "none", servers["plain"], logs["plain"]) if "plain" in servers else None
+    finally:
+        for proc, _ in servers.values():
+            stop_server(proc)
     print(table(la, plain, args.rss_bound_mb))
     for r in (la, plain):
         for e in r.error_samples if r is not None else ():
