@@ -17,17 +17,21 @@ def model_path() -> str:
     return default_model_path()
 
 
-def make_llm(model_path: str, **kwargs):
+def make_llm(model_path: str, *, alone: bool = False, **kwargs):
     """A small, deterministic engine: float32 (exactness is only defined there), eager, short context.
 
     Its engine core runs in this process (its worker in vLLM's own worker process, so that engines alive at once
     keep apart): spawning and importing vLLM for an engine-core process as well took about 8 s an engine. The served
-    and benchmark tests run vLLM's default layout, as users do."""
+    and benchmark tests run vLLM's default layout, as users do.
+
+    `alone=True` (an engine no other engine in this process outlives or overlaps) runs the worker in this process
+    too, about 15 s an engine less; vLLM's in-process worker tears down the process-wide distributed groups when it
+    is freed, which an engine still alive beside it would lose."""
     from vllm import LLM, envs
 
     args = dict(model=model_path, dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)
     args.update(kwargs)
-    args.setdefault("distributed_executor_backend", "mp")
+    args.setdefault("distributed_executor_backend", "uni" if alone else "mp")
     key = "VLLM_ENABLE_V1_MULTIPROCESSING"
     before = os.environ.get(key)
     os.environ[key] = "0"

@@ -4,6 +4,8 @@ forward."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -59,7 +61,7 @@ def test_forced_chains_and_the_chain_backend_never_attends_or_moves():
 
 
 @pytest.mark.engine
-def test_chain_backend_in_the_engine_is_exact_with_more_than_one_token_per_forward(model_path, monkeypatch, capfd):
+def test_chain_backend_in_the_engine_is_exact_with_more_than_one_token_per_forward(model_path, monkeypatch, caplog):
     """VLLM_LOOKAHEAD_BACKEND=chain: each request carries its best branch through vLLM's own attention."""
     from transformers import AutoTokenizer
     from vllm import SamplingParams
@@ -67,14 +69,16 @@ def test_chain_backend_in_the_engine_is_exact_with_more_than_one_token_per_forwa
     tok = AutoTokenizer.from_pretrained(model_path)
     prompts = humaneval_prompts(6) + [as_chat(tok, p) for p in sharegpt_prompts(4, max_chars=800)]
     params = SamplingParams(temperature=0.0, max_tokens=64)
-    plain = make_llm(model_path, max_num_seqs=4)
+    plain = make_llm(model_path, alone=True, max_num_seqs=4)
     want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, params, use_tqdm=False)]
     del plain
     monkeypatch.setenv("VLLM_LOOKAHEAD_BACKEND", "chain")
-    capfd.readouterr()
-    llm = make_llm(model_path, max_num_seqs=4, speculative_config={"method": "lookahead"}, disable_log_stats=False)
-    started = capfd.readouterr()
-    said = [line for line in (started.out + started.err).splitlines() if "lookahead runs" in line]
+    caplog.set_level(logging.INFO, logger="vllm_lookahead")
+    caplog.clear()
+    llm = make_llm(
+        model_path, alone=True, max_num_seqs=4, speculative_config={"method": "lookahead"}, disable_log_stats=False
+    )
+    said = [r.getMessage() for r in caplog.records if "lookahead runs" in r.getMessage()]  # the worker is here
     assert len(said) == 1 and "chains" in said[0] and "VLLM_LOOKAHEAD_BACKEND=chain" in said[0], said
     got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == want

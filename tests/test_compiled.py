@@ -27,7 +27,7 @@ def _batch(model_path: str):
 
 
 def _generate(model_path: str, prompts, params, **kwargs):
-    llm = make_llm(model_path, enforce_eager=False, max_num_seqs=4, **kwargs)
+    llm = make_llm(model_path, alone=True, enforce_eager=False, max_num_seqs=4, **kwargs)
     try:
         outs = llm.generate(prompts, params, use_tqdm=False)
         stats = llm.collective_rpc("lookahead_stats")[0] if "speculative_config" in kwargs else None

@@ -52,7 +52,7 @@ def test_vllm_engine_answers_a_chat(model_path):
 
     from tests.conftest import make_llm
 
-    llm = make_llm(model_path)
+    llm = make_llm(model_path, alone=True)
     try:
         out = llm.chat(
             [{"role": "user", "content": "What is the capital of France?"}],

@@ -90,6 +90,7 @@ def samples(model_path):
     for name, spec in (("plain", None), ("lookahead", LA_CONFIG)):
         llm = make_llm(
             model_path,
+            alone=True,
             max_model_len=512,
             max_num_seqs=256,
             speculative_config=spec,

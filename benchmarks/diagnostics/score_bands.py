@@ -5,24 +5,21 @@ verification accepted.
     python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/score_bands.py \
         --dtype float32 --compiled --concurrency 4 --num-prompts 32 --max-tokens 128
 
-The engine runs in this process as in `profile_engine.py` (same flags; lookahead always), and
+The engine runs in this process as in `profile_engine.py` (its engine flags; lookahead always), and
 `AcceptanceStats.observe_carried` is wrapped from outside during the measured batch. A band whose accepted share
 over its mean score is under 1 was scored too high: the sizing took its nodes for more than they brought.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import pairwise
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import profile_engine  # noqa: E402
-
-from vllm_lookahead.core.acceptance import AcceptanceStats  # noqa: E402
-from vllm_lookahead.devtools import bench  # noqa: E402
+from vllm_lookahead.core.acceptance import AcceptanceStats
+from vllm_lookahead.devtools import bench
 
 EDGES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
@@ -53,8 +50,17 @@ class Bands:
         return out
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_common_args(p, dtype="bfloat16", dataset="humaneval", num_prompts=48, max_tokens=96)
+    bench.add_sampling_args(p)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--compiled", action="store_true", help="compiled, as vllm serve runs (default: eager)")
+    return p.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = profile_engine.parse_args(argv)
+    args = parse_args(argv)
     bands, on = Bands(), [False]
     original = AcceptanceStats.observe_carried
 
