@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 
 import pytest
 
@@ -31,6 +32,10 @@ def make_llm(model_path: str, *, alone: bool = False, **kwargs):
 
     args = dict(model=model_path, dtype="float32", max_model_len=1024, seed=0, enforce_eager=True)
     args.update(kwargs)
+    # vLLM's in-process worker start scans every loaded module for Triton kernels and fails on llvmlite's library
+    # proxy ("'_lib_fn_wrapper' object has no attribute 'get'") once numba is loaded here (vLLM's ngram drafter in
+    # an earlier test's in-process worker imports it): from then on every worker runs in a process of its own.
+    alone = alone and "llvmlite.binding.ffi" not in sys.modules
     args.setdefault("distributed_executor_backend", "uni" if alone else "mp")
     key = "VLLM_ENABLE_V1_MULTIPROCESSING"
     before = os.environ.get(key)

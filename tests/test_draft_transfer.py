@@ -30,7 +30,7 @@ def draft_calls(monkeypatch):
 
 
 def _llm(model_path: str, spec: dict):
-    return make_llm(model_path, speculative_config=spec, alone=True)
+    return make_llm(model_path, speculative_config=spec, distributed_executor_backend="uni")
 
 
 def _generate(llm) -> list[int]:

@@ -17,12 +17,13 @@ It ends with the profiled batch's decoding steps as the engine's own step-cost f
 `timed_step_span`, `timed_step_gap`): the mean milliseconds from a step's start to the end of its drafting, and from
 there to the next step's start (vLLM's scheduling and output processing), both slowed by the profiler.
 
-`--clock` times instead of profiling, with no profiler's inflation: the plugin's hooks (`LookaheadEngine`'s methods)
-and the phases of vLLM's step around them are wrapped from outside with a clock, during the measured batch only, and
-printed as milliseconds per engine step. What the plugin costs a step is its hooks' rows; `runner._sample` includes
-the `lookahead: sample` hook, which includes vLLM's own sampler. `--random-input-len N` generates vLLM's own random
-prompts (as `vllm bench throughput --dataset-name random` does, N tokens each) instead of the set's, and
-`--temperature 1` samples as `vllm bench throughput` does:
+`--clock` times instead of profiling, with no profiler's inflation: the plugin's hooks (`LookaheadEngine`'s methods) and
+the phases of vLLM's step around them are wrapped from outside with a clock, during the measured batch only, and printed
+as milliseconds per engine step. What the plugin costs a step is its hooks' rows; `runner._sample` includes the
+`lookahead: sample` hook, which includes vLLM's own sampler. `--method ngram` or `suffix` runs vLLM's own method under
+the same clock (its drafting is the `propose_draft_token_ids` row), for a step-by-step comparison. `--random-input-len
+N` generates vLLM's own random prompts (as `vllm bench throughput --dataset-name random` does, N tokens each) instead of
+the set's, and `--temperature 1` samples as `vllm bench throughput` does:
 
     python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/profile_engine.py --clock \
         --compiled --random-input-len 128 --temperature 1 --num-prompts 64 --max-tokens 128 --method none
@@ -59,7 +60,9 @@ CLOCKED = (
     ("- runner._sample (in sample_tokens)", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_sample"),
     ("- lookahead: sample (in _sample, vLLM's sampler included)", "vllm_lookahead.glue.engine", "LookaheadEngine",
      "sample"),
-    ("- lookahead: propose (in sample_tokens)", "vllm_lookahead.glue.engine", "LookaheadEngine", "propose"),
+    ("- runner.propose_draft_token_ids (in sample_tokens: ngram's and suffix's drafting)",
+     "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids"),
+    ("- lookahead: propose (in propose_draft_token_ids)", "vllm_lookahead.glue.engine", "LookaheadEngine", "propose"),
     ("scheduler.update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
 )  # fmt: skip
 
@@ -132,7 +135,7 @@ def step_gap_line(before: dict[str, float], after: dict[str, float]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--method", choices=("lookahead", "none"), default="lookahead")
+    p.add_argument("--method", choices=("lookahead", "none", "ngram", "suffix"), default="lookahead")
     bench.add_common_args(p, dtype="bfloat16", dataset="humaneval", num_prompts=48, max_tokens=96)
     bench.add_sampling_args(p)
     p.add_argument("--concurrency", type=int, default=16)
@@ -145,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def clock_main(args: argparse.Namespace) -> int:
     llm = bench.in_process_engine(
-        args, args.concurrency, bench.LOOKAHEAD if args.method == "lookahead" else None, enforce_eager=not args.compiled
+        args, args.concurrency, bench.speculative_config(args.method), enforce_eager=not args.compiled
     )
     on = [False]
 
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.clock:
         return clock_main(args)
     llm = bench.in_process_engine(
-        args, args.concurrency, bench.LOOKAHEAD if args.method == "lookahead" else None, enforce_eager=not args.compiled
+        args, args.concurrency, bench.speculative_config(args.method), enforce_eager=not args.compiled
     )
     prof = cProfile.Profile()
     before: list[dict | None] = []
