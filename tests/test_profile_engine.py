@@ -39,3 +39,13 @@ def test_clock_times_the_hooks_only_while_on_and_restores_them():
     rows = profile_engine.clock_table({steps: 0.5, row: 0.01}, {steps: 10, row: 20})
     assert rows[0] == "| per engine step (10 steps) | ms | calls |"
     assert f"| {steps} | 50.000 | 10 |" in rows and f"| {row} | 1.000 | 20 |" in rows
+
+
+def test_the_drafting_line_divides_by_steps_and_drafts():
+    steps = {"engine step (LLMEngine.step)": 400}
+    spec = {"drafts": 800, "draft_tokens": 3600, "accepted_tokens": 1800}
+    line = profile_engine.drafting_line(spec, 3200, steps)
+    assert "8.00 tokens an engine step; 800 drafts" in line
+    assert "3600 draft tokens (4.50 a draft), 1800 accepted (0.50 of them, 2.25 a draft)" in line
+    plain = profile_engine.drafting_line({"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}, 400, steps)
+    assert plain.strip() == "1.00 tokens an engine step; 0 drafts (request-steps that drafted)"

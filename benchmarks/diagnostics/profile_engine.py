@@ -19,11 +19,12 @@ there to the next step's start (vLLM's scheduling and output processing), both s
 
 `--clock` times instead of profiling, with no profiler's inflation: the plugin's hooks (`LookaheadEngine`'s methods) and
 the phases of vLLM's step around them are wrapped from outside with a clock, during the measured batch only, and printed
-as milliseconds per engine step. What the plugin costs a step is its hooks' rows; `runner._sample` includes the
-`lookahead: sample` hook, which includes vLLM's own sampler. `--method ngram` or `suffix` runs vLLM's own method under
-the same clock (its drafting is the `propose_draft_token_ids` row), for a step-by-step comparison. `--random-input-len
-N` generates vLLM's own random prompts (as `vllm bench throughput --dataset-name random` does, N tokens each) instead of
-the set's, and `--temperature 1` samples as `vllm bench throughput` does:
+as milliseconds per engine step, then the batch's tokens per step and vLLM's draft and acceptance counters (two methods
+whose steps cost the same differ by these). What the plugin costs a step is its hooks' rows; `runner._sample` includes
+the `lookahead: sample` hook, which includes vLLM's own sampler. `--method ngram` or `suffix` runs vLLM's own method
+under the same clock (its drafting is the `propose_draft_token_ids` row), for a step-by-step comparison.
+`--random-input-len N` generates vLLM's own random prompts (as `vllm bench throughput --dataset-name random` does, N
+tokens each) instead of the set's, and `--temperature 1` samples as `vllm bench throughput` does:
 
     python -m vllm_lookahead.tools.cpu_runtime run -- python benchmarks/diagnostics/profile_engine.py --clock \
         --compiled --random-input-len 128 --temperature 1 --num-prompts 64 --max-tokens 128 --method none
@@ -148,11 +149,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def clock_main(args: argparse.Namespace) -> int:
     llm = bench.in_process_engine(
-        args, args.concurrency, bench.speculative_config(args.method), enforce_eager=not args.compiled
+        args,
+        args.concurrency,
+        bench.speculative_config(args.method),
+        enforce_eager=not args.compiled,
+        disable_log_stats=False,  # spec_counters reads the stat loggers
     )
     on = [False]
+    counted: list[dict] = []
 
     def start() -> None:
+        counted.append(bench.spec_counters(llm))
         on[0] = True
 
     with clocked(lambda: on[0]) as (seconds, calls):
@@ -174,7 +181,23 @@ def clock_main(args: argparse.Namespace) -> int:
     print(f"\n{what}, {data}, {args.dtype}, {mode}, {bench.sampling_label(args)}, concurrency {args.concurrency}: "
           f"{tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s\n")  # fmt: skip
     print("\n".join(clock_table(seconds, calls)))
+    print(drafting_line(bench.counters_since(counted[0], bench.spec_counters(llm)), tokens, calls))
+    if args.method == "lookahead":
+        stats = llm.collective_rpc("lookahead_stats")[0]
+        print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
     return 0
+
+
+def drafting_line(spec: dict, tokens: int, calls: dict[str, int]) -> str:
+    """The measured batch's tokens per engine step and vLLM's drafting counters (what decides tokens/s when two
+    methods' steps cost the same)."""
+    steps = calls.get(CLOCKED[0][0], 0) or 1
+    drafts, drafted, accepted = spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]
+    line = f"\n{tokens / steps:.2f} tokens an engine step; {drafts} drafts (request-steps that drafted)"
+    if drafts:
+        line += (f", {drafted} draft tokens ({drafted / drafts:.2f} a draft), {accepted} accepted "
+                 f"({accepted / max(drafted, 1):.2f} of them, {accepted / drafts:.2f} a draft)")  # fmt: skip
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
