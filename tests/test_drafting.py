@@ -38,11 +38,20 @@ class _Batch:
         self.req_ids = req_ids
         self.num_reqs = len(req_ids)
         self.num_tokens_no_spec = [10] * len(req_ids)
+        self.num_prompt_tokens = [4] * len(req_ids)
 
 
 class _Runner:
-    def __init__(self, req_ids: list[str]) -> None:
+    def __init__(self, req_ids: list[str], max_tokens: int | None = None) -> None:
+        from vllm import SamplingParams
+
         self.input_batch = _Batch(req_ids)
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+        class _Req:
+            sampling_params = sp
+
+        self.requests = {r: _Req() for r in req_ids}
 
 
 class _Requests:
@@ -156,3 +165,30 @@ def test_a_finished_request_learns_the_tokens_it_rested_through():
     requests.drop_finished(Runner(), Output())
     assert state.seen == 32 and state.tail == [130, 131]  # tokens 125..131 learned at the drop
     assert "a" not in requests.states
+
+
+def test_no_draft_past_a_request_s_max_tokens():
+    """A step emits its accepted drafts and one token more: a request with k tokens left to its max_tokens is given
+    at most k - 1 drafts (vLLM cuts drafts at max_model_len only), and one with a single token left none."""
+    from vllm_lookahead.backends import ChainBackend
+    from vllm_lookahead.core.tree import StepTree
+
+    class _Sure(_Requests):
+        def state(self, runner: object, index: int, req_id: str) -> object:
+            from vllm_lookahead.core.acceptance import AcceptanceStats
+
+            class _State:
+                stats = AcceptanceStats()
+
+                def build_tree(self, x0: int, min_score: float = 0.0) -> StepTree:
+                    n = 9  # a chain of 8 drafts, each certain
+                    return StepTree(list(range(x0, x0 + n)), list(range(-1, n - 1)), list(range(n)), scores=[1.0] * n)
+
+            return _State()
+
+    drafting, Step = _drafting()
+    # prompt 4 tokens, 10 tokens so far: 6 outputs, x0 included
+    for max_tokens, longest in ((None, 8), (100, 8), (9, 2), (7, 0)):
+        runner = _Runner(["a"], max_tokens=max_tokens)
+        drafts = drafting.propose(runner, [[5]], _Sure(), Step({}, ChainBackend()))
+        assert len(drafts[0]) == longest, (max_tokens, drafts)

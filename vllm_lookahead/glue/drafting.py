@@ -90,7 +90,7 @@ class Drafting:
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             if not sampled or not requests.eligible(runner, req_id):
                 continue
-            room = self.max_model_len - int(batch.num_tokens_no_spec[i])  # positions left for drafts after x0
+            room = self._room(runner, i, req_id)
             if room <= 0:
                 continue
             if self.ranks == 1 and _resting(requests.idle, req_id):
@@ -128,6 +128,18 @@ class Drafting:
             else:
                 _carried_nothing(requests.idle, req_id)
         return drafts
+
+    def _room(self, runner: GPUModelRunner, index: int, req_id: str) -> int:
+        """Draft tokens after x0 that can count: within max_model_len's positions, and within the request's
+        max_tokens. A step emits its accepted drafts and one token more, so a draft past the request's last token
+        would be computed for nothing (vLLM's scheduler cuts drafts at max_model_len only)."""
+        batch = runner.input_batch
+        n = int(batch.num_tokens_no_spec[index])
+        room = self.max_model_len - n
+        sp = runner.requests[req_id].sampling_params
+        if sp is not None and sp.max_tokens is not None:
+            room = min(room, int(batch.num_prompt_tokens[index]) + sp.max_tokens - n - 1)
+        return room
 
 
 def _prefilling(sampled_token_ids: list[list[int]], num_reqs: int) -> bool:
