@@ -100,9 +100,21 @@ def clocked(on: Callable[[], bool]) -> Iterator[tuple[dict[str, float], dict[str
             setattr(owner, name, original)
 
 
+def engine_steps(calls: dict[str, int]) -> int:
+    """The measured batch's engine steps: the calls of the first clocked row, the engine's step (at least 1)."""
+    return calls.get(CLOCKED[0][0], 0) or 1
+
+
+def print_lookahead_stats(llm) -> dict:
+    """Prints and returns the worker's `lookahead_stats`."""
+    stats = llm.collective_rpc("lookahead_stats")[0]
+    print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
+    return stats
+
+
 def clock_table(seconds: dict[str, float], calls: dict[str, int]) -> list[str]:
     """Markdown rows: each clocked row's milliseconds per engine step and its calls."""
-    steps = calls.get(CLOCKED[0][0], 0) or 1
+    steps = engine_steps(calls)
     rows = [f"| per engine step ({steps} steps) | ms | calls |", "|---|---|---|"]
     for row, *_ in CLOCKED:
         if row in calls:
@@ -183,15 +195,14 @@ def clock_main(args: argparse.Namespace) -> int:
     print("\n".join(clock_table(seconds, calls)))
     print(drafting_line(bench.counters_since(counted[0], bench.spec_counters(llm)), tokens, calls))
     if args.method == "lookahead":
-        stats = llm.collective_rpc("lookahead_stats")[0]
-        print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
+        print_lookahead_stats(llm)
     return 0
 
 
 def drafting_line(spec: dict, tokens: int, calls: dict[str, int]) -> str:
     """The measured batch's tokens per engine step and vLLM's drafting counters (what decides tokens/s when two
     methods' steps cost the same)."""
-    steps = calls.get(CLOCKED[0][0], 0) or 1
+    steps = engine_steps(calls)
     drafts, drafted, accepted = spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]
     line = f"\n{tokens / steps:.2f} tokens an engine step; {drafts} drafts (request-steps that drafted)"
     if drafts:
@@ -222,9 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{what}, {args.dataset}, {args.dtype}, {bench.sampling_label(args)}, concurrency {args.concurrency}: "
           f"{tokens} tokens in {seconds:.2f} s under cProfile = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
     if args.method == "lookahead":
-        stats = llm.collective_rpc("lookahead_stats")[0]
-        print("lookahead_stats (warm-up included):", json.dumps(stats, sort_keys=True))
-        print(step_gap_line(before[0], stats))
+        print(step_gap_line(before[0], print_lookahead_stats(llm)))
     out = io.StringIO()
     ranked = pstats.Stats(prof, stream=out)
     ranked.sort_stats("cumulative").print_stats("vllm_lookahead|model_executor/models", args.top)
