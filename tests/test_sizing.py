@@ -545,3 +545,32 @@ def test_a_settled_fit_is_solved_again_every_few_steps():
         assert cost.coefficients() is fit
     cost.observe(4, 0, False, 0.1)
     assert cost.coefficients().fixed > fit.fixed  # and then follows them
+
+
+def test_a_source_whose_carried_nodes_fail_is_weighed_down_and_tried_again_later():
+    """Each source's carried nodes are weighed apart: where the suffix trees' are accepted every time and the pool's
+    never, a pool node is worth the least weight (a child never above its parent), the suffix trees' the most; once
+    no step carries a pool node any more, its weight returns to 1 and its nodes are tried again."""
+    from vllm_lookahead.core.acceptance import SOURCE_WEIGHT_RANGE
+
+    stats = AcceptanceStats()
+    lo, hi = SOURCE_WEIGHT_RANGE
+
+    def carried(cands: list[Candidate], accepted: list[int]) -> None:
+        tree = build_step_tree(0, None, cands)
+        stats.weigh(tree)
+        stats.observe_carried(tree, accepted)
+
+    for _ in range(3000):  # node 1 the suffix tree's, accepted; node 2 the pool's, not
+        carried([Candidate([1], [0.5], Source.SUFFIX), Candidate([2], [0.5], Source.POOL)], [1])
+    assert stats.source_weight(Source.POOL) == lo and stats.source_weight(Source.SUFFIX) == pytest.approx(hi, rel=0.02)
+    assert stats.source_weight(Source.WINDOW) == 1.0  # the window's slots are worth what they find
+    assert stats.calibration == pytest.approx(1.0, rel=0.05)  # 1 accepted per unit of (unweighed) score
+    # a pool node 2 (conditional 0.5, over suffix's 0.4) with a suffix child 3 (0.3 / 0.4 of its parent)
+    tree = build_step_tree(0, None, [Candidate([2], [0.5], Source.POOL), Candidate([2, 3], [0.4, 0.3], Source.SUFFIX)])
+    assert tree.sources[1:] == [Source.POOL, Source.SUFFIX] and tree.scores[1:] == pytest.approx([0.5, 0.375])
+    stats.weigh(tree)
+    assert tree.scores[1:] == pytest.approx([0.5 * lo, 0.5 * lo])  # the child at its parent's, not 0.375 * hi
+    for _ in range(20000):  # steps carry suffix nodes alone: the pool's observations fade
+        carried([Candidate([1], [0.5], Source.SUFFIX)], [1])
+    assert stats.source_weight(Source.POOL) == pytest.approx(1.0, rel=0.05)
