@@ -129,5 +129,8 @@ def test_sampled_requests_were_verified_on_trees(samples):
     _, counters, stats = samples["lookahead"]
     generated = counters["vllm:generation_tokens"]
     accepted = counters["vllm:spec_decode_num_accepted_tokens"]
-    assert accepted > 0.2 * generated  # the target's draws followed tree nodes
+    # The target's draws followed tree nodes: a request's drafts can fill its tokens but the prefill's and its last
+    # step's own (no draft past max_tokens), so at most MAX_TOKENS - 2 a request are accepted.
+    most = generated / MAX_TOKENS * (MAX_TOKENS - 2)
+    assert accepted > 0.3 * most
     assert stats["sampled_accepted"] >= accepted
