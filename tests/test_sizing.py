@@ -574,3 +574,17 @@ def test_a_source_whose_carried_nodes_fail_is_weighed_down_and_tried_again_later
     for _ in range(20000):  # steps carry suffix nodes alone: the pool's observations fade
         carried([Candidate([1], [0.5], Source.SUFFIX)], [1])
     assert stats.source_weight(Source.POOL) == pytest.approx(1.0, rel=0.05)
+
+
+def test_the_source_weights_switch_keeps_every_weight_at_one(monkeypatch):
+    """VLLM_LOOKAHEAD_SOURCE_WEIGHTS=0 (the benchmarks' lookahead-unweighed): the same failing pool nodes leave every
+    weight at 1, and the overall calibration still learns."""
+    monkeypatch.setenv("VLLM_LOOKAHEAD_SOURCE_WEIGHTS", "0")
+    stats = AcceptanceStats()
+    for _ in range(3000):
+        tree = build_step_tree(0, None, [Candidate([1], [0.5], Source.SUFFIX), Candidate([2], [0.5], Source.POOL)])
+        stats.weigh(tree)
+        assert tree.scores[1:] == pytest.approx([0.5, 0.5])
+        stats.observe_carried(tree, [1])
+    assert stats.source_weight(Source.POOL) == stats.source_weight(Source.SUFFIX) == 1.0
+    assert stats.calibration == pytest.approx(1.0, rel=0.05)

@@ -26,6 +26,7 @@ slots a step carried: what one slot has been worth (`observe_window`, from verif
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from vllm_lookahead.core.tree import Source, StepTree
@@ -75,6 +76,11 @@ SOURCE_PRIOR = 5.0
 UNWEIGHED = (Source.ROOT, Source.WINDOW)
 
 
+def weights_on() -> bool:
+    """False with VLLM_LOOKAHEAD_SOURCE_WEIGHTS=0: every weight stays 1 (the weights' before/after in a benchmark)."""
+    return os.environ.get("VLLM_LOOKAHEAD_SOURCE_WEIGHTS", "1") != "0"
+
+
 class AcceptanceStats:
     def __init__(self) -> None:
         n = len(Source)
@@ -95,6 +101,7 @@ class AcceptanceStats:
         self._source_score = [0.0] * n
         self._source_accepted = [0.0] * n
         self._weights = [1.0] * n  # source_weight, as of the last observe_carried
+        self._weighed = weights_on()
 
     def factor(self, source: Source, depth: int) -> float:
         d = min(depth, MAX_DEPTH)
@@ -160,6 +167,8 @@ class AcceptanceStats:
             hits[sources[u]] += 1.0
         self._carried_score = self._carried_score * DECAY + total
         self._carried_accepted = self._carried_accepted * DECAY + len(accepted)
+        if not self._weighed:
+            return
         overall = self._carried_accepted / self._carried_score
         lo, hi = SOURCE_WEIGHT_RANGE
         for s in range(len(w)):
