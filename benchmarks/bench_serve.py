@@ -844,7 +844,7 @@ def lookahead_delta(before: dict[str, Any] | None, after: dict[str, Any] | None)
     for key, value in after.items():
         if key in STATS_COUNTERS or key.startswith(("drafted_", "accepted_")):
             out[key] = value - before.get(key, 0)
-        elif key.startswith(("step_cost_", "accept_", "weight_")) or key in ("window_value", "calibration"):
+        elif key.startswith(("step_cost_", "accept_")) or key in ("window_value", "calibration"):
             out[key] = value
     return out
 

@@ -405,11 +405,11 @@ def test_lookahead_stats_differenced_per_run(monkeypatch):
               "carried_score": 50.0, "backend": "cpu", "live_states": 3}  # fmt: skip
     after = {"steps": 150, "tree_steps": 120, "drafted_pool": 700, "accepted_pool": 70, "step_cost_fixed": 0.03,
              "carried_score": 80.5, "step_cost_per_draft": 0.0004, "step_cost_knee": 1, "backend": "cpu",
-             "live_states": 5, "calibration": 0.7, "weight_pool": 0.4}  # fmt: skip
+             "live_states": 5, "calibration": 0.7}  # fmt: skip
     delta = bs.lookahead_delta(before, after)
     assert delta["steps"] == 50 and delta["tree_steps"] == 30
     assert delta["drafted_pool"] == 300 and delta["accepted_pool"] == 30 and delta["carried_score"] == 30.5
-    assert delta["step_cost_fixed"] == 0.03 and delta["calibration"] == 0.7 and delta["weight_pool"] == 0.4
+    assert delta["step_cost_fixed"] == 0.03 and delta["calibration"] == 0.7
     assert "backend" not in delta and "live_states" not in delta
     assert bs.lookahead_delta(None, after) is None and bs.lookahead_delta(before, {}) is None
     line = bs.progress({**_records()[1], "completed": 8, "lookahead": delta}, 3, 12.0)

@@ -132,16 +132,12 @@ class _Rate:
     """Acceptance statistics whose recycled guesses are accepted at `rate` times their estimates, and whose carried
     nodes at `calibration` times their scores."""
 
-    def __init__(self, rate: float, calibration: float = 1.0, weight: float = 1.0) -> None:
-        self.rate, self.calibration, self.weight = rate, calibration, weight
+    def __init__(self, rate: float, calibration: float = 1.0) -> None:
+        self.rate, self.calibration = rate, calibration
 
     def factor(self, source: Source, depth: int) -> float:
         assert source == Source.RECYCLE and depth == 1
         return self.rate
-
-    def source_weight(self, source: Source) -> float:
-        assert source == Source.RECYCLE
-        return self.weight
 
 
 def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
@@ -158,4 +154,3 @@ def test_only_the_step_s_kinds_of_request_decide_whether_recycling_may_pay():
     assert gate.may_pay(bar, [_Rate(1 / 3), _Rate(1.0)])  # with sampled ones that earn their estimates
     assert gate.may_pay(0.0, [_Rate(1 / 3)])  # no bar (tensor parallelism)
     assert not gate.may_pay(bar, [_Rate(1.0, calibration=1 / 3)])  # scores worth a third: the drafting's bar too
-    assert not gate.may_pay(bar, [_Rate(1.0, weight=1 / 3)])  # recycled nodes accepted at a third of the others'

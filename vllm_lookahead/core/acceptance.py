@@ -26,7 +26,6 @@ slots a step carried: what one slot has been worth (`observe_window`, from verif
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 from vllm_lookahead.core.tree import Source, StepTree
@@ -62,23 +61,6 @@ PRIOR_WINDOW_VALUE = 0.02
 # text 5.51 / 5.64).
 CALIBRATION_PRIOR = 20.0
 CALIBRATION_RANGE = (0.25, 1.25)
-# Each source's carried nodes are also weighed apart (`source_weight`): how its own carried nodes were accepted per
-# unit of score, relative to all carried nodes; one calibration for all mixes sources whose scores run high with
-# those whose scores run low. At 4 requests on HumanEval (float32, `profile_engine.py --clock`) the weights settled
-# at 0.65-0.78 for short-match prompt lookup, the pool and token recycling (their carried nodes accepted at 0.03-0.21)
-# and 1.2 for prompt lookup; short-match lookup's carried nodes fell from 217 to 50, recycling's from 59 to 19, for
-# as many draft and accepted tokens in all (one run each). A source's weight stays within SOURCE_WEIGHT_RANGE, and
-# the window's slots (worth the n-grams they find) are not weighed.
-SOURCE_WEIGHT_RANGE = (0.1, 2.0)
-# Carried score behind each source's prior rate (its own, not decaying): a source no step carries any more returns
-# to the overall calibration's rate as its own observations fade, and its nodes are tried and measured again.
-SOURCE_PRIOR = 5.0
-UNWEIGHED = (Source.ROOT, Source.WINDOW)
-
-
-def weights_on() -> bool:
-    """False with VLLM_LOOKAHEAD_SOURCE_WEIGHTS=0: every weight stays 1 (the weights' before/after in a benchmark)."""
-    return os.environ.get("VLLM_LOOKAHEAD_SOURCE_WEIGHTS", "1") != "0"
 
 
 class AcceptanceStats:
@@ -95,13 +77,8 @@ class AcceptanceStats:
         # Decay without touching every entry per step: new observations weigh 1/DECAY more than the last ones.
         self._weight = 1.0
         self._max_factors: dict[tuple[Source, int], float] = {}
-        # Carried nodes' summed scores (before `source_weight`) and accepted nodes: in all, and per source.
         self._carried_score = CALIBRATION_PRIOR
         self._carried_accepted = CALIBRATION_PRIOR
-        self._source_score = [0.0] * n
-        self._source_accepted = [0.0] * n
-        self._weights = [1.0] * n  # source_weight, as of the last observe_carried
-        self._weighed = weights_on()
 
     def factor(self, source: Source, depth: int) -> float:
         d = min(depth, MAX_DEPTH)
@@ -137,44 +114,10 @@ class AcceptanceStats:
         lo, hi = CALIBRATION_RANGE
         return min(hi, max(lo, self._carried_accepted / self._carried_score))
 
-    def source_weight(self, source: Source) -> float:
-        """What a node of this source is worth per unit of its score, relative to every carried node (1 for the
-        window's slots): the state multiplies its nodes' scores by it (`weigh`), the calibration then scales all."""
-        return self._weights[source]
-
-    def weigh(self, tree: StepTree) -> None:
-        """Multiplies each node's score by its source's weight, in place, never above its parent's (parents come
-        first in a built tree)."""
-        scores, parents, sources, w = tree.scores, tree.parents, tree.sources, self._weights
-        for u in range(1, len(scores)):
-            scores[u] = min(scores[parents[u]], scores[u] * w[sources[u]])
-
     def observe_carried(self, tree: StepTree, accepted: Sequence[int]) -> None:
-        """A tree as a step carried it (cut to its scheduled nodes, its scores weighed by `weigh`) and the nodes
-        verification accepted."""
-        score, hits, w = self._source_score, self._source_accepted, self._weights
-        for s in range(len(score)):
-            score[s] *= DECAY
-            hits[s] *= DECAY
-        sources, scores = tree.sources, tree.scores
-        total = 0.0
-        for u in range(1, len(scores)):
-            s = sources[u]
-            raw = scores[u] / w[s]  # the score before the weight
-            score[s] += raw
-            total += raw
-        for u in accepted:
-            hits[sources[u]] += 1.0
-        self._carried_score = self._carried_score * DECAY + total
+        """A tree as a step carried it (cut to its scheduled nodes) and the nodes verification accepted."""
+        self._carried_score = self._carried_score * DECAY + sum(tree.scores[1:])
         self._carried_accepted = self._carried_accepted * DECAY + len(accepted)
-        if not self._weighed:
-            return
-        overall = self._carried_accepted / self._carried_score
-        lo, hi = SOURCE_WEIGHT_RANGE
-        for s in range(len(w)):
-            if s not in UNWEIGHED:
-                rate = (hits[s] + SOURCE_PRIOR * overall) / (score[s] + SOURCE_PRIOR)
-                w[s] = min(hi, max(lo, rate / overall))
 
     def observe(self, tree: StepTree, accepted: Sequence[int]) -> None:
         """One verified tree and its accepted nodes (root excluded): every child of an accepted node was tried."""

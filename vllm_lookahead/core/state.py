@@ -119,7 +119,7 @@ class LookaheadState:
             """Can a node of this source within `depth` clear the bar? A node scores at most its conditional
             estimate (below a parent another source made certain), so a source none of whose estimates clears it
             adds nothing the sizing would take, whatever it merges with."""
-            return min_score <= 0 or min(1.0, stats.max_factor(source, depth)) * stats.source_weight(source) > min_score
+            return min_score <= 0 or min(1.0, stats.max_factor(source, depth)) > min_score
 
         if self.lookup is not None and any(worth(s, p.lookup_len) for s in LOOKUP_SOURCES):
             for c in self.lookup.candidates(p.lookup_candidates, p.lookup_len):
@@ -138,21 +138,14 @@ class LookaheadState:
                 add(c.tokens, c.source, c.estimates)
         if self.recycle is not None:  # its own floor test stands for worth(): no guess clears it, nothing drafted
             scale = stats.max_factor(Source.RECYCLE, p.recycle_candidates)
-            floor = min_score / stats.source_weight(Source.RECYCLE)
-            for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, floor, scale):
+            for tokens, estimates in self.recycle.candidates(x0, p.recycle_candidates, min_score, scale):
                 add(tokens, Source.RECYCLE, estimates)
         window = self.window if min_score <= 0 or stats.window_value > min_score else None
-        weight = stats.source_weight
-        if (
-            window is None
-            and min_score > 0
-            and not any(c.scores and c.scores[0] * weight(c.source) > min_score for c in cands)
-        ):
+        if window is None and min_score > 0 and not any(c.scores and c.scores[0] > min_score for c in cands):
             # No first token clears the bar, and none below one can (a node scores at most its parent): the root
             # alone, without merging and sorting what would all be cut (at a large batch, most requests' steps).
             return StepTree([x0], [-1], [0], {(0, 0): 0}, [[] for _ in cands])
         tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
-        stats.weigh(tree)  # each node as its source's carried nodes were accepted
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
         tree = tree.by_score()
         if min_score > 0:  # best first: the nodes above the bar are a prefix (the root's score is 1)

@@ -48,8 +48,6 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-nolookup": {"method": "lookahead", "lookup_candidates": 0},
     # The step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's before/after.
     "lookahead-line": {"method": "lookahead"},
-    # Every source's carried nodes weighed alike (VLLM_LOOKAHEAD_SOURCE_WEIGHTS=0): the source weights' before/after.
-    "lookahead-unweighed": {"method": "lookahead"},
     # Lookahead a second time: an A/A control, the noise floor of a comparison in one run.
     "lookahead-twin": {"method": "lookahead"},
     # Drafts nothing from 2 concurrent requests on (a 2-token step budget): what the plugin costs a batch by itself.
@@ -163,8 +161,6 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
         env["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
     if method == "lookahead-line":
         env["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
-    if method == "lookahead-unweighed":
-        env["VLLM_LOOKAHEAD_SOURCE_WEIGHTS"] = "0"
     if method == "lookahead-chain":
         env["VLLM_LOOKAHEAD_BACKEND"] = "chain"
     return env

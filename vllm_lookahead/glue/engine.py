@@ -234,8 +234,6 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float | str] | Non
         **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
         "window_value": engine.acceptance.window_value,
         "calibration": engine.acceptance.calibration,  # greedy requests' accepted nodes per unit of carried score
-        # what each source's nodes are worth per unit of score against all carried nodes (greedy requests)
-        **{f"weight_{src.name.lower()}": engine.acceptance.source_weight(src) for src in Source if src != Source.ROOT},
         **{f"drafted_{k}": v for k, v in s.drafted.items()},
         **{f"accepted_{k}": v for k, v in s.accepted_by.items()},
         "carried_score": s.carried_score,

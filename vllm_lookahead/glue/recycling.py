@@ -25,8 +25,8 @@ class RecyclingGate:
 
     def may_pay(self, floor: float, stats: Sequence[AcceptanceStats]) -> bool:
         """Whether a recycled guess under x0 could clear a step's bar (`score_floor`), as its depth-1 rate in the
-        step's requests' statistics (`stats`: greedy, sampled or both) says, weighed by their calibration and the
-        source's weight as the drafting weighs every score. The target's top-k along every path costs
+        step's requests' statistics (`stats`: greedy, sampled or both) says, weighed by their calibration as the
+        drafting weighs every score. The target's top-k along every path costs
         0.3-0.6 ms of a 42-52 ms step at 16 requests on a CPU, where the bar keeps recycled guesses out (2 accepted
         of 45 drafted in some 3000 request-steps at 16 ShareGPT requests); the table stays for when the batch
         shrinks. Only the kinds of request in the step count: the sampled statistics' rate stays at its prior (1) in a
@@ -36,9 +36,7 @@ class RecyclingGate:
             return False
         if floor <= 0:
             return True
-        rate = max(
-            (s.factor(Source.RECYCLE, 1) * s.calibration * s.source_weight(Source.RECYCLE) for s in stats), default=0.0
-        )
+        rate = max((s.factor(Source.RECYCLE, 1) * s.calibration for s in stats), default=0.0)
         return self.recycle.best_estimate(rate) > floor
 
     def path_top(
