@@ -16,6 +16,7 @@ cost_model, parse_args, replay, main = (
     replay_trees.main,
 )
 calibration_table, replay_suffix = replay_trees.calibration_table, replay_trees.replay_suffix
+replay_batch = replay_trees.replay_batch
 with_plugin_seconds, vllm_suffix_defaults = replay_trees.with_plugin_seconds, replay_trees.vllm_suffix_defaults
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]
@@ -286,3 +287,84 @@ def test_the_suffix_peer_replays_what_vllms_own_proposer_drafts():
     assert per_step * len(ours) == pytest.approx(sum(len(out) - 1 for _, out in requests))
     assert drafts * len(ours) == pytest.approx(sum(map(len, ours)))
     assert per_step > 1.5  # something was drafted and accepted
+
+
+def test_requests_in_flight_cost_one_step_together():
+    """--concurrency: the requests in flight decode in the same steps, each step priced once for all of them. Two
+    texts with nothing to copy, two in flight: a first step computes both prompts (each request's first token), then
+    every step decodes both, a token each."""
+    params = LookaheadParams(suffix_candidates=0, recycle_candidates=0)
+    fixed, per = 0.035, 0.001
+    texts = [([1, 2], list(range(10, 50))), ([3, 4], list(range(60, 100)))]
+    per_step, drafts, rate = replay_batch(texts, params, cost_model(fixed, per), concurrency=2)
+    assert per_step == pytest.approx(1.0) and drafts == 0.0
+    # the prompts' step (4 prompt tokens priced as drafts), then 39 steps of 2 requests
+    assert rate == pytest.approx(80 / (fixed + per * (1 + 4) + 39 * (fixed + 2 * per)))
+
+
+@pytest.mark.parametrize("method", ["lookahead", "suffix"])
+def test_requests_in_flight_reproduce_their_outputs_and_draft_what_repeats(method):
+    """Three repeating texts, two in flight (the third admitted when the first ends): each output replays exactly
+    (the replay raises otherwise) and both methods draft from the repetition."""
+    if method == "suffix":
+        pytest.importorskip("arctic_inference")
+    text = [(PERIOD[:6], (PERIOD * 10)[6 + k : 90 + k]) for k in range(3)]
+    per_step, drafts, _ = replay_batch(
+        text, LookaheadParams(suffix_candidates=0), cost_model(0.035, 0.001), concurrency=2, method=method
+    )
+    assert per_step > 1.5 and drafts > 0.5
+
+
+@pytest.mark.parametrize("share", [4, 0])
+def test_a_step_that_admits_a_prompt_carries_no_lookahead_drafts(share, monkeypatch):
+    """The scheduler patch's rule, replayed: while the admitted requests are at least 1 / ADMISSION_SHARE of the
+    running ones, no running request's tree is verified in the step that admits them (ADMISSION_SHARE 0: never)."""
+    import vllm_lookahead.glue.patches.scheduler as scheduler
+    from vllm_lookahead.core.state import LookaheadState
+    from vllm_lookahead.glue.drafting import Drafting
+
+    monkeypatch.setattr(scheduler, "ADMISSION_SHARE", share)
+    events: list[tuple[str, object]] = []
+    update, init, plan = LookaheadState.update, LookaheadState.__init__, Drafting.plan
+    monkeypatch.setattr(
+        LookaheadState, "update", lambda self, *a, **k: (events.append(("update", self.req_id)), update(self, *a, **k))
+    )
+
+    def new(self, *a, **k):  # noqa: ANN001, ANN202
+        init(self, *a, **k)
+        events.append(("new", self.req_id))
+
+    monkeypatch.setattr(LookaheadState, "__init__", new)
+    monkeypatch.setattr(Drafting, "plan", lambda self, *a, **k: (events.append(("plan", None)), plan(self, *a, **k))[1])
+    short, long = (PERIOD * 10)[6:30], (PERIOD * 10)[6:96]
+    # request 0 ends first and request 2 is admitted while request 1 runs on with its trees
+    replay_batch(
+        [(PERIOD[:6], short), (PERIOD[:6], long), (PERIOD[:6], short)],
+        LookaheadParams(suffix_candidates=0),
+        cost_model(0.035, 0.0001),
+        concurrency=2,
+    )
+    admitted = events.index(("new", 2))
+    opened = max(i for i in range(admitted) if events[i][0] == "plan")  # the drafting that ended the step before
+    in_step = [who for kind, who in events[opened + 1 : admitted] if kind == "update"]
+    assert in_step == ([] if share else [1])
+
+
+def test_main_replays_requests_in_flight(tmp_path, capsys):
+    pytest.importorskip("arctic_inference")
+    import json
+
+    seqs = tmp_path / "s.json"
+    req = [PERIOD[:6], (PERIOD * 6)[6:60]]
+    seqs.write_text(json.dumps({"humaneval": [req, req, req], "sharegpt": [req, req, [[1, 2], list(range(10, 50))]]}))
+    assert main(["--sequences", str(seqs), "--concurrency", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests in flight" in out
+    assert len([line for line in out.splitlines() if line.startswith(("| humaneval", "| sharegpt"))]) == 2
+
+
+@pytest.mark.parametrize("flag", ["--oracle", "--calibration"])
+def test_the_oracle_and_calibration_replay_one_request_at_a_time(flag, capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--concurrency", "2", flag])
+    assert stop.value.code == 2 and "--concurrency" in capsys.readouterr().err

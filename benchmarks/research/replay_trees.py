@@ -15,6 +15,15 @@ own part is underrated; prompt lookup, the pool and the suffix trees (a global c
 order) replay as they run. Prints, per dataset, tokens per step, draft nodes per step and the tokens per modelled
 second. For comparing drafting and scoring changes; the engine benchmarks (`bench_methods.py`) have the last word.
 
+`--concurrency R` replays R requests in flight as a closed-loop client keeps them (`vllm bench serve
+--max-concurrency R`): each step sizes the requests' trees together through the engine's own `Drafting.plan`, with
+the glue's resting rule, each request's room up to its `max_tokens` and no drafts in a step that admits a prompt
+(the scheduler patch's rule), and vLLM's suffix method is replayed in the same schedule. A step of R requests and D
+draft tokens costs `--fixed` + `--per-token` (R + D), a prompt's tokens priced as draft tokens:
+
+    python benchmarks/research/replay_trees.py --concurrency 4 --fixed 0.0206 --per-token 0.00081 \
+        --plugin-seconds 0.0002                                   # the fit of a 4-request float32 engine
+
 `--calibration` adds, per dataset, how well the node scores the sizing reads predict acceptance: every node of every
 step's tree whose position the output reaches, by score, the carried ones (those the sizing took) apart from the
 drafted ones it left out, with their mean score and the share the sequence went through. Where the two columns
@@ -63,6 +72,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="tokens a step computes up to which a token costs --per-token-below instead (1: a straight line)",
     )
     p.add_argument("--per-token-below", type=float, default=None, help="seconds per token up to the knee")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="requests in flight, as a closed-loop client keeps them (`replay_batch`): the trees of a step are sized "
+        "together and a step of R requests and D drafts costs --fixed + --per-token (R + D)",
+    )
     p.add_argument("--calibration", action="store_true", help="also print the node scores against acceptance")
     p.add_argument(
         "--oracle",
@@ -74,8 +90,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--plugin-seconds",
         type=float,
         default=0.0,
-        help="seconds a lookahead step adds for the plugin's own Python (drafting, verification; about 0.0022 at "
-        "batch 1 on a CPU: `profile_engine.py --wall`), on lookahead's side of the ratio to suffix only",
+        help="seconds a lookahead step adds for the plugin's own Python per request it decodes (drafting, "
+        "verification; about 0.0022 at batch 1 on a CPU: `profile_engine.py --wall`), on lookahead's side of the "
+        "ratio to suffix only",
     )
     p.add_argument(
         "--suffix-seed",
@@ -103,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--plugin-seconds must be >= 0 (seconds)")
     if args.suffix_seed < 0:
         p.error("--suffix-seed must be >= 0 (conversations)")
+    if args.concurrency < 1:
+        p.error("--concurrency must be >= 1")
+    if args.concurrency > 1 and (args.oracle or args.calibration):
+        p.error("--oracle and --calibration replay one request at a time (--concurrency 1)")
     if args.knee < 1:
         p.error("--knee must be >= 1 (1: a straight line)")
     if args.per_token_below is not None and not 0 <= args.per_token_below <= args.per_token:
@@ -149,6 +170,18 @@ def cost_model(fixed: float, per_token: float, knee: int = 1, below: float | Non
     return (fixed, 0.0, per_token, 0.0, knee, per_token if below is None else below)
 
 
+def verify_known(tree: object, known: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """Greedy verification of a tree against the output's known continuation `known`: (the target's argmax at each
+    node where the output says it, 0 elsewhere; the accepted nodes; the new tokens, cut where the output ends)."""
+    from vllm_lookahead.core.verify import greedy_verify
+
+    on, _ = tree.follow(known)
+    # the target's argmax where it is known (the true path); elsewhere a token no draft has
+    argmax = [known[tree.depths[u]] if u in on and tree.depths[u] < len(known) else -1 for u in range(tree.num_nodes)]
+    accepted, new = greedy_verify(tree, argmax)
+    return [max(a, 0) for a in argmax], accepted, new[: len(known)]
+
+
 def replay(
     requests: Sequence[Sequence[Sequence]],
     params: object,
@@ -175,7 +208,6 @@ def replay(
     from vllm_lookahead.core.sizing import plan_step, score_floor
     from vllm_lookahead.core.state import LookaheadState
     from vllm_lookahead.core.suffix import SuffixCandidates
-    from vllm_lookahead.core.verify import greedy_verify
 
     stats = AcceptanceStats()
     cost = StepCost.frozen(model)
@@ -216,15 +248,9 @@ def replay(
                     if whole.depths[u] <= len(truth)
                 )
             tree = trees[0].truncate(sizes[0])
-            on, _ = tree.follow(truth)
-            # the target's argmax where it is known (the true path); elsewhere a token no draft has
-            argmax = [
-                truth[tree.depths[u]] if u in on and tree.depths[u] < len(truth) else -1 for u in range(tree.num_nodes)
-            ]
-            _, new = greedy_verify(tree, argmax)
-            new = new[: len(truth)]  # the output ended inside the tree
+            argmax, _, new = verify_known(tree, truth)
             top = None if tops is None else tops[len(made) : len(made) + len(new)]
-            state.update(tree, [max(a, 0) for a in argmax], new, top)
+            state.update(tree, argmax, new, top)
             made.extend(new)
             if rid >= warm:
                 steps += 1
@@ -304,6 +330,192 @@ def replay_suffix(
     return tokens / max(steps, 1), drafts / max(steps, 1), tokens / max(seconds, 1e-9)
 
 
+@dataclasses.dataclass
+class _Slot:
+    """A request replayed in a batch: its recorded (prompt, output, tops), the tokens made so far, its state (lookahead)
+    and what the last step proposed for it (lookahead: (tree, size); suffix: a chain)."""
+
+    rid: int
+    prompt: list[int]
+    output: list[int]
+    tops: list | None
+    made: list[int]
+    state: object = None
+    proposed: object = None
+
+
+def _closed_loop(requests: Sequence[Sequence[Sequence]], concurrency: int, warm: int):
+    """A client that keeps `concurrency` requests in flight (requests[warm:], after the first `warm` alone), step by
+    step: yields (the slots in flight, those of them admitted this step, whether the step counts). A request is
+    admitted in the step after the one its predecessor finished in, its prompt computed there (its first token); the
+    caller extends each other slot's `made` by what the step decoded, and finished slots leave before the next step."""
+    for lo, hi, width, counted in ((0, warm, 1, False), (warm, len(requests), concurrency, True)):
+        waiting = list(range(lo, hi))
+        active: list[_Slot] = []
+        while waiting or active:
+            admitted = []
+            while waiting and len(active) + len(admitted) < width:
+                rid = waiting.pop(0)
+                prompt, output, *rest = requests[rid]
+                admitted.append(_Slot(rid, list(prompt), list(output), rest[0] if rest else None, [output[0]]))
+            yield active, admitted, counted
+            active[:] = [s for s in active if len(s.made) < len(s.output)] + admitted
+
+
+def replay_batch(
+    requests: Sequence[Sequence[Sequence]],
+    params: object,
+    model: Sequence[float],
+    concurrency: int,
+    warm: int = 0,
+    truth: Sequence[float] | None = None,
+    max_tokens: int = 128,
+    plugin_seconds: float = 0.0,
+    method: str = "lookahead",
+    seed: Sequence[Sequence[int]] = (),
+) -> tuple[float, float, float]:
+    """(tokens per request-step, draft tokens per request-step, tokens per modelled second) of `concurrency`
+    requests in flight, as a closed-loop client keeps them (`vllm bench serve --max-concurrency`): requests[warm:]
+    after the first `warm` alone. Lookahead drafts through the engine's own `Drafting.plan` (the fitted cost frozen
+    at `model`, the glue's resting rule and each request's room up to `max_tokens`), and a step that admits a prompt
+    carries no drafts while the admitted are at least a quarter of the running requests (the scheduler patch's
+    rule); `method="suffix"` replays vLLM's suffix method instead (each request's chain from the library with vLLM's
+    defaults and the benchmarks' 8 tokens, drafted every step). A step of R decoding requests, D draft tokens and P
+    prompt tokens costs `truth`'s seconds(R, D + P) (prompt tokens priced as draft tokens), plus `plugin_seconds`
+    per lookahead request that decodes. `seed`: as `replay`'s (lookahead only: vLLM's suffix method loads no corpus)."""
+    import numpy as np
+
+    from vllm_lookahead.core.acceptance import AcceptanceStats
+    from vllm_lookahead.core.cost import StepCost
+    from vllm_lookahead.core.recycle import TokenRecycler
+    from vllm_lookahead.core.state import LookaheadState
+    from vllm_lookahead.core.suffix import SuffixCandidates
+    from vllm_lookahead.glue.drafting import Drafting, _carried_nothing, _resting
+    from vllm_lookahead.glue.patches.scheduler import ADMISSION_SHARE
+    from vllm_lookahead.glue.recycling import RecyclingGate
+
+    lookahead = method == "lookahead"
+    paid = StepCost.frozen(model if truth is None else truth)
+    if lookahead:
+        stats = AcceptanceStats()
+        suffix = (
+            SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests)
+            if params.suffix_candidates
+            else None
+        )
+        if suffix is not None:
+            suffix.seed(seed)
+        recycle = TokenRecycler() if params.recycle_candidates else None
+        backend = type("Trees", (), {"trees": True})()
+        drafting = Drafting(params, 1 << 30, 1, backend, RecyclingGate(recycle))
+        drafting.cost = StepCost.frozen(model)
+        idle: dict[int, tuple[int, int]] = {}
+    else:
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        d = vllm_suffix_defaults()
+        depth = int(d["max_tree_depth"])
+        cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=int(d["max_cached_requests"]))
+    request_steps = tokens = drafts = first = 0
+    seconds = 0.0
+    for active, admitted, counted in _closed_loop(requests, concurrency, warm):
+        # 1. the running requests' scheduled drafts, verified against their known outputs
+        drop = lookahead and admitted and len(admitted) * ADMISSION_SHARE >= len(active)
+        step_drafts, branched, made = 0, False, 0
+        for s in active:
+            known = s.output[len(s.made) :]
+            if lookahead:
+                tree, size = s.proposed or (None, 1)
+                size = 1 if drop or tree is None else size
+                if size > 1:
+                    tree = tree.truncate(size)
+                    argmax, accepted, new = verify_known(tree, known)
+                    top = None if s.tops is None else s.tops[len(s.made) : len(s.made) + len(new)]
+                    s.state.update(tree, argmax, new, top)
+                    s.state.stats.observe_window(tree, accepted)
+                    s.state.stats.observe_carried(tree, accepted)
+                    step_drafts += size - 1
+                    branched = branched or not tree.is_chain
+                else:
+                    new = known[:1]
+            else:
+                chain = s.proposed or []
+                k = 0
+                while k < len(chain) and k < len(known) and chain[k] == known[k]:
+                    k += 1
+                new = list(known[: k + 1])
+                cache.add_active_response(s.rid, np.asarray(new, dtype=np.int32))
+                step_drafts += len(chain)
+            s.made.extend(new)
+            made += len(new)
+        # 2. the admitted prompts, computed in the same step: each request's first token
+        for s in admitted:
+            if lookahead:
+                s.state = LookaheadState(params, s.prompt, stats=stats, suffix=suffix, req_id=s.rid, recycle=recycle)
+            else:
+                cache.start_request(s.rid, np.asarray(s.prompt, dtype=np.int32))
+                cache.add_active_response(s.rid, np.asarray(s.made, dtype=np.int32))
+        prompt_tokens = sum(len(s.prompt) for s in admitted)
+        decoding = len(active)
+        if counted:
+            request_steps += decoding
+            tokens += made
+            first += len(admitted)
+            drafts += step_drafts
+            seconds += paid.seconds(max(decoding, 1), step_drafts + prompt_tokens, branched)
+            seconds += plugin_seconds * decoding if lookahead else 0.0
+        # 3. the finished requests leave; the others' next drafts
+        for s in active:
+            if len(s.made) >= len(s.output):
+                if lookahead:
+                    s.state.catch_up(len(s.prompt) + len(s.made), _fetch(s))
+                    s.state.close()
+                else:
+                    cache.stop_request(s.rid)
+                if s.made != s.output:
+                    raise AssertionError(f"replay of request {s.rid} differs from its output")
+        running = [s for s in active if len(s.made) < len(s.output)] + admitted
+        if lookahead:
+            ready, caps, rows = [], [], []
+            for s in running:
+                s.proposed = None
+                n = len(s.prompt) + len(s.made)
+                room = len(s.prompt) + max_tokens - n - 1
+                if room <= 0 or _resting(idle, s.rid):
+                    continue
+                s.state.catch_up(n, _fetch(s))
+                ready.append((s.state, s.made[-1]))
+                caps.append(room + 1)
+                rows.append(s)
+            budget = params.step_token_budget - len(ready)
+            if ready and budget > 0:
+                trees, sizes = drafting.plan(ready, caps, len(running), budget)
+                for s, tree, size in zip(rows, trees, sizes, strict=True):
+                    s.proposed = (tree, size)
+                    if size > 1:
+                        idle.pop(s.rid, None)
+                    else:
+                        _carried_nothing(idle, s.rid)
+        else:
+            for s in running:
+                seq = [*s.prompt, *s.made]
+                draft = cache.speculate(
+                    s.rid,
+                    np.asarray(seq[-depth:], dtype=np.int32),
+                    max_spec_tokens=8,
+                    max_spec_factor=d["max_spec_factor"],
+                    min_token_prob=d["min_token_prob"],
+                )
+                s.proposed = [int(t) for t in draft.token_ids]
+    # tokens per request-step, the prompts' first tokens left out
+    return tokens / max(request_steps, 1), drafts / max(request_steps, 1), (tokens + first) / max(seconds, 1e-9)
+
+
+def _fetch(s: _Slot):
+    seq = [*s.prompt, *s.made]
+    return lambda a, b: seq[a:b]
+
+
 def with_plugin_seconds(per_step: float, rate: float, plugin_seconds: float) -> float:
     """Tokens per modelled second when each step also pays `plugin_seconds` (per_step / rate: a step's mean time)."""
     return rate if not plugin_seconds else per_step / (per_step / rate + plugin_seconds)
@@ -366,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         knee += "; oracle: each step carries exactly the drafts the output goes through"
     print(f"settings: {args.lookahead_config or 'defaults'}, suffix spec factor {suffix.SPEC_FACTOR}, step cost "
           f"{args.fixed} s + {args.per_token} s per request and draft token{knee}\n")  # fmt: skip
+    if args.concurrency > 1:
+        print(f"{args.concurrency} requests in flight: tokens and draft nodes per request-step\n")
     print(
         "| dataset | requests | tokens per step | draft nodes per step | tokens per modelled second "
         "| suffix (vLLM's): tokens per step | draft nodes per step | tokens per modelled second | lookahead / suffix |"
@@ -381,11 +595,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.calibration:
             calibration = records[ds] = []
         ordered = [requests[-1], *requests[:-1]]
-        tf, nodes, rate = replay(
-            ordered, params, model, warm=1, truth=paid, calibration=calibration, seed=seed, oracle=args.oracle
-        )
-        rate = with_plugin_seconds(tf, rate, args.plugin_seconds)  # on lookahead's side only
-        peer = replay_suffix(ordered, paid, warm=1)
+        if args.concurrency > 1:
+            tf, nodes, rate = replay_batch(
+                ordered, params, model, args.concurrency, warm=1, truth=paid, plugin_seconds=args.plugin_seconds,
+                seed=seed,
+            )  # fmt: skip
+            peer = replay_batch(ordered, params, paid, args.concurrency, warm=1, method="suffix")
+        else:
+            tf, nodes, rate = replay(
+                ordered, params, model, warm=1, truth=paid, calibration=calibration, seed=seed, oracle=args.oracle
+            )
+            rate = with_plugin_seconds(tf, rate, args.plugin_seconds)  # on lookahead's side only
+            peer = replay_suffix(ordered, paid, warm=1)
         print(
             f"| {ds} | {len(requests) - 1} | {tf:.2f} | {nodes:.1f} | {rate:.1f} "
             f"| {peer[0]:.2f} | {peer[1]:.1f} | {peer[2]:.1f} | {rate / peer[2]:.3f}x |"

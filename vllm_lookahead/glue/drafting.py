@@ -17,6 +17,7 @@ from vllm_lookahead.core.params import LookaheadParams
 from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.state import LookaheadState
 from vllm_lookahead.core.step_timer import StepTimer
+from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
 from vllm_lookahead.glue.step import LookaheadStep
@@ -102,19 +103,7 @@ class Drafting:
         budget = self.params.step_token_budget - len(ready)
         if not ready or budget <= 0 or _prefilling(sampled_token_ids, batch.num_reqs):
             return drafts  # no room for a single draft token this step: the states have learned, nothing to build
-        # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
-        floor = score_floor(self.cost, batch.num_reqs) if self.ranks == 1 else 0.0
-        self.recycling.decide(floor, [state.stats for state, _ in ready])
-        # A score is worth its request's calibration: the nodes steps carried were accepted at that per unit of score.
-        scales = [state.stats.calibration for state, _ in ready]
-        trees = [state.build_tree(x0, min_score=floor / s) for (state, x0), s in zip(ready, scales, strict=True)]
-        if not self.backend.trees:  # no tree attention here: each request's best chain
-            trees = [t.best_chain() for t in trees]
-        if self.ranks == 1:
-            # Where the tree attention path costs more than its branches bring, each request's best chain alone.
-            trees, sizes = plan_step(trees, caps, batch.num_reqs, self.cost, budget, scales)
-        else:
-            sizes = choose_sizes(trees, caps, batch.num_reqs, self.cost, budget, scales=scales).sizes
+        trees, sizes = self.plan(ready, caps, batch.num_reqs, budget)
         for (i, req_id), tree, size in zip(rows, trees, sizes, strict=True):
             # The whole tree is kept and vLLM gets its first `size` nodes: scheduling cuts the tree to what was
             # scheduled. Under tensor parallelism every rank builds the same tree from the same state, but only the
@@ -128,6 +117,25 @@ class Drafting:
             else:
                 _carried_nothing(requests.idle, req_id)
         return drafts
+
+    def plan(
+        self, ready: list[tuple[LookaheadState, int]], caps: list[int], num_reqs: int, budget: int
+    ) -> tuple[list[StepTree], list[int]]:
+        """Each ready (state, x0)'s tree and how many of its nodes (root included) the step carries: caps[i] nodes at
+        most, `budget` draft tokens in all, in a step of `num_reqs` decoding requests. No vLLM here: the replay of
+        recorded outputs (`benchmarks/research/replay_trees.py`) drafts through it too."""
+        # Nodes the sizing below would never take are not drafted (large batches on a CPU: most of them).
+        floor = score_floor(self.cost, num_reqs) if self.ranks == 1 else 0.0
+        self.recycling.decide(floor, [state.stats for state, _ in ready])
+        # A score is worth its request's calibration: the nodes steps carried were accepted at that per unit of score.
+        scales = [state.stats.calibration for state, _ in ready]
+        trees = [state.build_tree(x0, min_score=floor / s) for (state, x0), s in zip(ready, scales, strict=True)]
+        if not self.backend.trees:  # no tree attention here: each request's best chain
+            trees = [t.best_chain() for t in trees]
+        if self.ranks == 1:
+            # Where the tree attention path costs more than its branches bring, each request's best chain alone.
+            return plan_step(trees, caps, num_reqs, self.cost, budget, scales)
+        return trees, choose_sizes(trees, caps, num_reqs, self.cost, budget, scales=scales).sizes
 
     def _room(self, runner: GPUModelRunner, index: int, req_id: str) -> int:
         """Draft tokens after x0 that can count: within max_model_len's positions, and within the request's
