@@ -450,18 +450,25 @@ def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
     assert not view.is_contiguous() and row_argmax(view) == expected
 
 
-def test_trees_argmax_reads_only_their_own_rows():
-    """Verification takes the argmax of the scheduled trees' rows alone (at a large batch most rows are requests
-    without a tree): each tree gets its own rows' argmax, in the trees' order, whichever rows the others hold."""
-    from vllm_lookahead.glue.verification import _tree_argmax
+def test_trees_argmax_reads_only_their_own_rows_where_they_are_few(monkeypatch):
+    """Verification takes the argmax of the scheduled trees' rows: each tree gets its own rows' argmax, in the trees'
+    order, whichever rows the others hold. Where the trees hold under a third of the rows (a large batch, most
+    requests without a tree) only their rows are gathered and reduced; else every row is reduced, without a copy."""
+    import vllm_lookahead.glue.verification as verification
 
+    reduced: list[int] = []
+    real = verification.row_argmax
+    monkeypatch.setattr(verification, "row_argmax", lambda rows: (reduced.append(rows.shape[0]), real(rows))[1])
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(12, 50, generator=g)
     full = logits.argmax(-1).tolist()
     spans = [(7, 3), (0, 2), (4, 1)]  # not in row order, rows 2-3, 5-6 and 10-11 belong to no tree
-    assert _tree_argmax(logits, spans) == [full[7:10], full[0:2], full[4:5]]
-    assert _tree_argmax(logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]  # every row: no copy
-    assert _tree_argmax(logits, []) == []
+    assert verification._tree_argmax(logits, spans) == [full[7:10], full[0:2], full[4:5]]
+    assert verification._tree_argmax(logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]
+    assert reduced == [12, 12]
+    assert verification._tree_argmax(logits, [(9, 2), (3, 1)]) == [full[9:11], full[3:4]]
+    assert reduced[-1] == 3  # 3 rows of 12: gathered
+    assert verification._tree_argmax(logits, []) == []
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -101,12 +101,21 @@ def verify_step(
     return paths
 
 
+# Gathering a logits row costs about twice its argmax on a CPU (16 rows of a 49k vocabulary: 92 against 42 us): where
+# the spans hold at least 1 / ALL_ROWS_SHARE of the rows, every row's argmax is taken and the spans' read off it.
+ALL_ROWS_SHARE = 3
+
+
 def _tree_argmax(logits: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int]]:
-    """The argmax of each (first row, rows) span of the logits, from one `row_argmax` over those rows alone."""
+    """The argmax of each (first row, rows) span of the logits, from one `row_argmax`: over every row where the spans
+    hold most of them (at a small batch, where most requests carry a tree), else over the spans' rows alone (at a
+    large batch most requests carry none)."""
+    total = logits.shape[0]
+    if sum(n for _, n in spans) * ALL_ROWS_SHARE >= total:
+        every = row_argmax(logits)
+        return [every[first : first + n] for first, n in spans]
     rows = [r for first, n in spans for r in range(first, first + n)]
-    if rows != list(range(logits.shape[0])):
-        logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device))
-    flat = row_argmax(logits)
+    flat = row_argmax(logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device)))
     out, at = [], 0
     for _, n in spans:
         out.append(flat[at : at + n])
