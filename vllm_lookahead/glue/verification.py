@@ -108,8 +108,8 @@ ALL_ROWS_SHARE = 3
 
 def _tree_argmax(logits: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int]]:
     """The argmax of each (first row, rows) span of the logits, from one `row_argmax`: over every row where the spans
-    hold most of them (at a small batch, where most requests carry a tree), else over the spans' rows alone (at a
-    large batch most requests carry none)."""
+    hold at least a third of them (at a small batch most requests carry a tree), else over the spans' rows alone (at
+    a large batch most requests carry none)."""
     total = logits.shape[0]
     if sum(n for _, n in spans) * ALL_ROWS_SHARE >= total:
         every = row_argmax(logits)
