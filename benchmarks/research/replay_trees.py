@@ -274,6 +274,31 @@ def vllm_suffix_defaults() -> dict[str, float]:
     }
 
 
+def suffix_chain(cache: object, defaults: dict[str, float], rid: int, seq: Sequence[int], tokens: int) -> list[int]:
+    """What vLLM's `SuffixDecodingProposer` drafts after `seq` (the request's prompt and output so far) with its
+    default settings (`vllm_suffix_defaults`) and `tokens` speculative tokens."""
+    import numpy as np
+
+    depth = int(defaults["max_tree_depth"])
+    draft = cache.speculate(
+        rid,
+        np.asarray(seq[-depth:], dtype=np.int32),
+        max_spec_tokens=tokens,
+        max_spec_factor=defaults["max_spec_factor"],
+        min_token_prob=defaults["min_token_prob"],
+    )
+    return [int(t) for t in draft.token_ids]
+
+
+def verify_chain(chain: Sequence[int], known: Sequence[int]) -> list[int]:
+    """A chain verified against the output's known continuation: the accepted drafts and the target's own next
+    token (cut where the output ends)."""
+    k = 0
+    while k < len(chain) and k < len(known) and chain[k] == known[k]:
+        k += 1
+    return list(known[: k + 1])
+
+
 def replay_suffix(
     requests: Sequence[Sequence[Sequence]],
     model: Sequence[float],
@@ -303,21 +328,10 @@ def replay_suffix(
         cache.add_active_response(rid, np.asarray(output[:1], dtype=np.int32))
         made = 1
         while made < len(output):
-            draft = cache.speculate(
-                rid,
-                np.asarray(seq[-max_depth:], dtype=np.int32),
-                max_spec_tokens=num_speculative_tokens,
-                max_spec_factor=d["max_spec_factor"],
-                min_token_prob=d["min_token_prob"],
-            )
-            chain = [int(t) for t in draft.token_ids]
+            chain = suffix_chain(cache, d, rid, seq, num_speculative_tokens)
             if chains is not None:
                 chains.append(chain)
-            truth = output[made:]
-            k = 0
-            while k < len(chain) and k < len(truth) and chain[k] == truth[k]:
-                k += 1
-            new = list(truth[: k + 1])  # the accepted drafts and the target's own next token
+            new = verify_chain(chain, output[made:])
             cache.add_active_response(rid, np.asarray(new, dtype=np.int32))
             seq.extend(new)
             made += len(new)
@@ -373,6 +387,7 @@ def replay_batch(
     plugin_seconds: float = 0.0,
     method: str = "lookahead",
     seed: Sequence[Sequence[int]] = (),
+    num_speculative_tokens: int = 8,
 ) -> tuple[float, float, float]:
     """(tokens per request-step, draft tokens per request-step, tokens per modelled second) of `concurrency`
     requests in flight, as a closed-loop client keeps them (`vllm bench serve --max-concurrency`): requests[warm:]
@@ -380,9 +395,10 @@ def replay_batch(
     at `model`, the glue's resting rule and each request's room up to `max_tokens`), and a step that admits a prompt
     carries no drafts while the admitted are at least a quarter of the running requests (the scheduler patch's
     rule); `method="suffix"` replays vLLM's suffix method instead (each request's chain from the library with vLLM's
-    defaults and the benchmarks' 8 tokens, drafted every step). A step of R decoding requests, D draft tokens and P
-    prompt tokens costs `truth`'s seconds(R, D + P) (prompt tokens priced as draft tokens), plus `plugin_seconds`
-    per lookahead request that decodes. `seed`: as `replay`'s (lookahead only: vLLM's suffix method loads no corpus)."""
+    defaults and `num_speculative_tokens`, the benchmarks' 8, drafted every step). A step of R decoding requests, D
+    draft tokens and P prompt tokens costs `truth`'s seconds(R, D + P) (prompt tokens priced as draft tokens), plus
+    `plugin_seconds` per lookahead request that decodes. `seed`: as `replay`'s (lookahead only: vLLM's suffix method
+    loads no corpus)."""
     import numpy as np
 
     from vllm_lookahead.core.acceptance import AcceptanceStats
@@ -414,8 +430,9 @@ def replay_batch(
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
         d = vllm_suffix_defaults()
-        depth = int(d["max_tree_depth"])
-        cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=int(d["max_cached_requests"]))
+        cache = SuffixDecodingCache(
+            max_tree_depth=int(d["max_tree_depth"]), max_cached_requests=int(d["max_cached_requests"])
+        )
     request_steps = tokens = drafts = first = 0
     seconds = 0.0
     for active, admitted, counted in _closed_loop(requests, concurrency, warm):
@@ -440,10 +457,7 @@ def replay_batch(
                     new = known[:1]
             else:
                 chain = s.proposed or []
-                k = 0
-                while k < len(chain) and k < len(known) and chain[k] == known[k]:
-                    k += 1
-                new = list(known[: k + 1])
+                new = verify_chain(chain, known)
                 cache.add_active_response(s.rid, np.asarray(new, dtype=np.int32))
                 step_drafts += len(chain)
             s.made.extend(new)
@@ -498,15 +512,7 @@ def replay_batch(
                         _carried_nothing(idle, s.rid)
         else:
             for s in running:
-                seq = [*s.prompt, *s.made]
-                draft = cache.speculate(
-                    s.rid,
-                    np.asarray(seq[-depth:], dtype=np.int32),
-                    max_spec_tokens=8,
-                    max_spec_factor=d["max_spec_factor"],
-                    min_token_prob=d["min_token_prob"],
-                )
-                s.proposed = [int(t) for t in draft.token_ids]
+                s.proposed = suffix_chain(cache, d, s.rid, [*s.prompt, *s.made], num_speculative_tokens)
     # tokens per request-step, the prompts' first tokens left out
     return tokens / max(request_steps, 1), drafts / max(request_steps, 1), (tokens + first) / max(seconds, 1e-9)
 
