@@ -514,7 +514,7 @@ def test_a_step_costs_its_span_and_the_engine_work_until_the_next_one():
     """A decoding step is complete when the next step begins: its span (start to the end of drafting) plus the gap
     to the next start, which is the engine's own work between steps; a gap longer than the step is idle time and
     is left out; steps that are not pure decoding are not timed, and one whose drafting never ended neither."""
-    timer = StepTimer()
+    timer = StepTimer(cold=0)
     assert timer.begin(0.0, 16, 8) is None
     timer.branched(True)
     timer.end(0.050)
@@ -529,6 +529,43 @@ def test_a_step_costs_its_span_and_the_engine_work_until_the_next_one():
     assert timer.timed == 2
     assert timer.span_seconds == pytest.approx(0.050 + 0.030)
     assert timer.gap_seconds == pytest.approx(0.002)
+
+
+# An engine's first timed steps at 4 chat requests after a repetitive warm-up, bfloat16, 2-core CPU (requests, drafts,
+# branched, ms): the first three are cold (first-use costs), the rest as later steps of their size.
+COLD_TRACE = [
+    (4, 56, 0, 43.11), (4, 60, 1, 46.31), (4, 0, 0, 37.62), (4, 32, 1, 29.74), (4, 56, 1, 39.55), (4, 36, 1, 32.18),
+    (4, 36, 1, 28.96), (4, 21, 1, 24.44), (4, 36, 1, 28.46), (4, 22, 1, 29.18), (4, 28, 1, 27.58), (4, 28, 1, 26.14),
+]  # fmt: skip
+
+
+def _timed(timer: StepTimer, trace) -> StepCost:
+    """The trace's steps run through `timer` (back to back, drafting ending at each step's end) into a fit."""
+    cost, now = StepCost(), 0.0
+    for requests, drafts, branched, ms in trace:
+        if (timed := timer.begin(now, requests, drafts)) is not None:
+            cost.observe(*timed)
+        timer.branched(bool(branched))
+        now += ms / 1e3
+        timer.end(now)
+    if (timed := timer.begin(now, 4, None)) is not None:
+        cost.observe(*timed)
+    return cost
+
+
+def test_an_engines_first_steps_do_not_make_drafts_look_free():
+    """The engine's first COLD_STEPS complete steps are not timed: fitted, the traced cold ones make a step's cost
+    flat up to a far knee, every draft below it free; without them the fit is a line at about the later steps'
+    0.43 ms a token."""
+    from vllm_lookahead.core.step_timer import COLD_STEPS, cold_steps
+
+    assert cold_steps() == COLD_STEPS >= 3
+    everything = _timed(StepTimer(cold=0), COLD_TRACE).coefficients()
+    assert everything.knee >= 32 and everything.marginal(4, 24) == 0.0
+    timer = StepTimer(cold=COLD_STEPS)
+    warm = _timed(timer, COLD_TRACE).coefficients()
+    assert timer.timed == len(COLD_TRACE) - COLD_STEPS and timer.cold == 0
+    assert warm.knee == 1 and 0.0002 < warm.marginal(4, 24) < 0.0006
 
 
 def test_a_settled_fit_is_solved_again_every_few_steps():

@@ -48,6 +48,9 @@ METHODS: dict[str, dict[str, Any] | None] = {
     "lookahead-nolookup": {"method": "lookahead", "lookup_candidates": 0},
     # The step cost fitted as a straight line, no knee (VLLM_LOOKAHEAD_COST_KNEE=0): the knee's before/after.
     "lookahead-line": {"method": "lookahead"},
+    # Every timed step fitted, the engine's first (cold) ones too (VLLM_LOOKAHEAD_COST_COLD_STEPS=0): that rule's
+    # before/after.
+    "lookahead-coldfit": {"method": "lookahead"},
     # Lookahead a second time: an A/A control, the noise floor of a comparison in one run.
     "lookahead-twin": {"method": "lookahead"},
     # Drafts nothing from 2 concurrent requests on (a 2-token step budget): what the plugin costs a batch by itself.
@@ -161,6 +164,8 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
         env["VLLM_LOOKAHEAD_TREE_KERNEL"] = "0"
     if method == "lookahead-line":
         env["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
+    if method == "lookahead-coldfit":
+        env["VLLM_LOOKAHEAD_COST_COLD_STEPS"] = "0"
     if method == "lookahead-chain":
         env["VLLM_LOOKAHEAD_BACKEND"] = "chain"
     return env

@@ -16,7 +16,7 @@ from vllm_lookahead.core.cost import StepCost
 from vllm_lookahead.core.params import LookaheadParams
 from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.state import LookaheadState
-from vllm_lookahead.core.step_timer import StepTimer
+from vllm_lookahead.core.step_timer import StepTimer, cold_steps
 from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
@@ -54,8 +54,9 @@ class Drafting:
         self.backend = backend
         self.recycling = recycling
         self.cost = StepCost(params.node_cost)
-        # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included).
-        self.timer = StepTimer()
+        # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included),
+        # the engine's first few left out (first-use costs).
+        self.timer = StepTimer(cold_steps())
 
     def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
