@@ -4,16 +4,16 @@
     python benchmarks/research/replay_trees.py                                    # default settings
     python benchmarks/research/replay_trees.py --lookahead-config '{"lookup_len": 16}' --spec-factor 1
 
-Greedy decoding is deterministic, so once plain decoding's outputs are known (`--generate`: float32, greedy, 128
-tokens, the first `--num-prompts` prompts of HumanEval and chat-templated ShareGPT plus one more of each as the
-warm-up, saved to `--sequences`), a lookahead run on them can be replayed exactly without the model: each step
-builds the request's tree with the engine's own state, acceptance statistics and sizing (`plan_step`, under a fixed
-step cost: `--fixed` seconds plus `--per-token` per request and per draft token, about what the engine fits at batch
-1 on this machine in float32), verifies it against the known continuation and updates the state as the engine
-would. A node's argmax is known only on the true path (elsewhere the Jacobi window learns nothing), so the window's
-own part is underrated; prompt lookup, the pool and the suffix trees (a global cache over the replayed requests, in
-order) replay as they run. Prints, per dataset, tokens per step, draft nodes per step and the tokens per modelled
-second. For comparing drafting and scoring changes; the engine benchmarks (`bench_methods.py`) have the last word.
+Greedy decoding is deterministic, so once plain decoding's outputs are known (`--generate`: float32 unless `--dtype`,
+greedy, 128 tokens, the first `--num-prompts` prompts of HumanEval and chat-templated ShareGPT plus one more of each as
+the warm-up, saved to `--sequences`), a lookahead run on them can be replayed exactly without the model: each step
+builds the request's tree with the engine's own state, acceptance statistics and sizing (`plan_step`, under a fixed step
+cost: `--fixed` seconds plus `--per-token` per request and per draft token, about what the engine fits at batch 1 on
+this machine in float32), verifies it against the known continuation and updates the state as the engine would. A node's
+argmax is known only on the true path (elsewhere the Jacobi window learns nothing), so the window's own part is
+underrated; prompt lookup, the pool and the suffix trees (a global cache over the replayed requests, in order) replay as
+they run. Prints, per dataset, tokens per step, draft nodes per step and the tokens per modelled second. For comparing
+drafting and scoring changes; the engine benchmarks (`bench_methods.py`) have the last word.
 
 `--concurrency R` replays R requests in flight as a closed-loop client keeps them (`vllm bench serve
 --max-concurrency R`): each step sizes the requests' trees together through the engine's own `Drafting.plan`, with
@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--generate", action="store_true", help="run plain decoding once and save its outputs")
     p.add_argument("--num-prompts", type=int, default=20, help="prompts per dataset (with --generate)")
+    p.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's dtype (with --generate)"
+    )
     p.add_argument("--sequences", type=Path, default=RESULTS / "replay_sequences.json")
     p.add_argument("--lookahead-config", default=None, help="JSON of lookahead keys")
     p.add_argument("--spec-factor", type=float, default=None, help="vllm_lookahead.core.suffix.SPEC_FACTOR for the run")
@@ -131,7 +134,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def generate(path: Path, num_prompts: int) -> None:
+def generate(path: Path, num_prompts: int, dtype: str = "float32") -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
@@ -139,7 +142,7 @@ def generate(path: Path, num_prompts: int) -> None:
     from vllm_lookahead.devtools.models import default_model_path
     from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
-    llm = LLM(model=default_model_path(), dtype="float32", max_model_len=2048, seed=0, enforce_eager=True)
+    llm = LLM(model=default_model_path(), dtype=dtype, max_model_len=2048, seed=0, enforce_eager=True)
     from vllm_lookahead.core.recycle import TOP_K
 
     # the top tokens at every output position too: what token recycling learns at the rows a step went through
@@ -555,7 +558,7 @@ def calibration_table(records: Sequence[tuple[float, bool, bool]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.generate:
-        generate(args.sequences, args.num_prompts)
+        generate(args.sequences, args.num_prompts, args.dtype)
         return 0
     if not args.sequences.exists():
         print(f"no {args.sequences}: run with --generate first", file=sys.stderr)
