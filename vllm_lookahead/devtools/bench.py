@@ -51,6 +51,8 @@ METHODS: dict[str, dict[str, Any] | None] = {
     # Every timed step fitted, the engine's first (cold) ones too (VLLM_LOOKAHEAD_COST_COLD_STEPS=0): that rule's
     # before/after.
     "lookahead-coldfit": {"method": "lookahead"},
+    # Every request builds its tree every step, idle ones too (VLLM_LOOKAHEAD_REST=0): the rest's before/after.
+    "lookahead-norest": {"method": "lookahead"},
     # Lookahead a second time: an A/A control, the noise floor of a comparison in one run.
     "lookahead-twin": {"method": "lookahead"},
     # Drafts nothing from 2 concurrent requests on (a 2-token step budget): what the plugin costs a batch by itself.
@@ -166,6 +168,8 @@ def method_environment(method: str, sampled: bool) -> dict[str, str]:
         env["VLLM_LOOKAHEAD_COST_KNEE"] = "0"
     if method == "lookahead-coldfit":
         env["VLLM_LOOKAHEAD_COST_COLD_STEPS"] = "0"
+    if method == "lookahead-norest":
+        env["VLLM_LOOKAHEAD_REST"] = "0"
     if method == "lookahead-chain":
         env["VLLM_LOOKAHEAD_BACKEND"] = "chain"
     return env

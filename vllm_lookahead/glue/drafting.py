@@ -8,6 +8,7 @@ the backend runs no trees (the chain backend), each request carries its best bra
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,12 @@ IDLE_AFTER = 2
 MAX_REST = 3
 
 
+def rests() -> bool:
+    """Whether idle requests rest (above); VLLM_LOOKAHEAD_REST=0 builds every request's tree every step (the rest's
+    before/after in a benchmark)."""
+    return os.environ.get("VLLM_LOOKAHEAD_REST", "1") != "0"
+
+
 class Drafting:
     def __init__(
         self,
@@ -57,6 +64,8 @@ class Drafting:
         # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included),
         # the engine's first few left out (first-use costs).
         self.timer = StepTimer(cold_steps())
+        # Off under tensor parallelism (IDLE_AFTER).
+        self.rests = ranks == 1 and rests()
 
     def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
@@ -95,7 +104,7 @@ class Drafting:
             room = self._room(runner, i, req_id)
             if room <= 0:
                 continue
-            if self.ranks == 1 and _resting(requests.idle, req_id):
+            if self.rests and _resting(requests.idle, req_id):
                 continue  # its state catches up when it next builds a tree
             state = requests.state(runner, i, req_id)
             rows.append((i, req_id))
