@@ -121,6 +121,19 @@ def test_a_resting_request_state_is_not_touched_until_it_builds_again():
     assert requests.touched.count("a") == 1
 
 
+def test_without_the_rest_every_request_builds_every_step(monkeypatch):
+    """VLLM_LOOKAHEAD_REST=0 (the benchmarks' `lookahead-norest`): a request whose trees carry nothing still builds
+    one every step."""
+    from vllm_lookahead.backends import ChainBackend
+
+    monkeypatch.setenv("VLLM_LOOKAHEAD_REST", "0")
+    drafting, Step = _drafting()
+    runner, requests = _Runner(["a"]), _Requests()
+    for _ in range(6):  # with the rest: built at steps 1, 2, 4 only (`_builds("nnn")`)
+        drafting.propose(runner, [[5]], requests, Step({}, ChainBackend()))
+    assert requests.touched == ["a"] * 6
+
+
 def test_a_finished_request_learns_the_tokens_it_rested_through():
     """A request that finishes while resting hands its whole output to the suffix candidates, the tokens it never
     caught up with included."""
