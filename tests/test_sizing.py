@@ -582,3 +582,24 @@ def test_a_settled_fit_is_solved_again_every_few_steps():
         assert cost.coefficients() is fit
     cost.observe(4, 0, False, 0.1)
     assert cost.coefficients().fixed > fit.fixed  # and then follows them
+
+
+def test_steps_folded_into_the_fit_a_few_at_a_time_weigh_as_if_added_one_by_one():
+    """`StepCost.observe` defers its sums to the next solve; each step still weighs DECAY per step observed after it."""
+    import numpy as np
+
+    cost, rng = StepCost(), random.Random(3)
+    steps = [(rng.randint(1, 16), rng.randint(0, 40), rng.random() < 0.3, 0.01 + rng.random() * 0.03) for _ in range(9)]
+    for step in steps:
+        cost.observe(*step)
+    cost.coefficients()  # folds
+    k = np.array(KNEES, dtype=float)
+    xtx, xty, beyond = np.zeros((len(k), 5, 5)), np.zeros((len(k), 5)), np.zeros(len(k))
+    for age, (r, d, b, y) in enumerate(reversed(steps)):
+        t = r + d
+        x = np.stack([k * 0 + 1, k * 0 + r, np.minimum(t, k), np.maximum(0.0, t - k), k * 0 + b], 1)
+        xtx += DECAY**age * x[:, :, None] * x[:, None, :]
+        xty += DECAY**age * x * y
+        beyond += DECAY**age * (t > k)
+    assert np.allclose(cost._xtx, xtx) and np.allclose(cost._xty, xty) and np.allclose(cost._beyond, beyond)
+    assert cost._yy == pytest.approx(sum(DECAY**age * y * y for age, (*_, y) in enumerate(reversed(steps))))

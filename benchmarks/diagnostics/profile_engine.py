@@ -146,6 +146,21 @@ def step_gap_line(before: dict[str, float], after: dict[str, float]) -> str:
             f"{gap * 1e3:.2f} ms to the next step ({gap / (span + gap):.1%} of a step)")  # fmt: skip
 
 
+def measured_batch(llm, args: argparse.Namespace, start: Callable[[], None]) -> tuple[float, int]:
+    """A warm-up batch, `start()`, then the measured batch: the set's prompts, or (`--random-input-len`) vLLM's random
+    ones, every request running to --max-tokens as in `vllm bench throughput`. Returns its seconds and tokens."""
+    if args.random_input_len <= 0:
+        _, elapsed, tokens = bench.timed_generate(llm, args, args.concurrency, start)
+        return elapsed, tokens
+    sp = bench.sampling_params(args)
+    sp.ignore_eos = True
+    llm.generate(random_prompts(llm, max(args.concurrency, 2), args.random_input_len, 1), sp, use_tqdm=False)
+    start()
+    t = time.perf_counter()
+    outs = llm.generate(random_prompts(llm, args.num_prompts, args.random_input_len, 2), sp, use_tqdm=True)
+    return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--method", choices=("lookahead", "none", "ngram", "suffix"), default="lookahead")
@@ -156,6 +171,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clock", action="store_true", help="time the plugin's hooks and vLLM's step phases, no cProfile")
     p.add_argument("--compiled", action="store_true", help="compiled, as vllm serve runs (default: eager)")
     p.add_argument("--random-input-len", type=int, default=0, help="N > 0: vLLM's random prompts of N tokens")
+    p.add_argument("--save-stats", default="", help="also write the profile here (pstats), to compare two methods")
     return p.parse_args(argv)
 
 
@@ -175,17 +191,7 @@ def clock_main(args: argparse.Namespace) -> int:
         on[0] = True
 
     with clocked(lambda: on[0]) as (seconds, calls):
-        if args.random_input_len > 0:
-            sp = bench.sampling_params(args)
-            sp.ignore_eos = True  # as vllm bench throughput: every request runs to --max-tokens
-            n = args.num_prompts
-            llm.generate(random_prompts(llm, max(args.concurrency, 2), args.random_input_len, 1), sp, use_tqdm=False)
-            start()
-            t = time.perf_counter()
-            outs = llm.generate(random_prompts(llm, n, args.random_input_len, 2), sp, use_tqdm=True)
-            elapsed, tokens = time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
-        else:
-            _, elapsed, tokens = bench.timed_generate(llm, args, args.concurrency, start)
+        elapsed, tokens = measured_batch(llm, args, start)
         on[0] = False
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
     data = f"random {args.random_input_len}-token prompts" if args.random_input_len > 0 else args.dataset
@@ -226,11 +232,14 @@ def main(argv: list[str] | None = None) -> int:
         prof.enable()
 
     try:
-        _, seconds, tokens = bench.timed_generate(llm, args, args.concurrency, start)
+        seconds, tokens = measured_batch(llm, args, start)
     finally:
         prof.disable()
+    if args.save_stats:
+        prof.dump_stats(args.save_stats)
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
-    print(f"\n{what}, {args.dataset}, {args.dtype}, {bench.sampling_label(args)}, concurrency {args.concurrency}: "
+    data = f"random {args.random_input_len}-token prompts" if args.random_input_len > 0 else args.dataset
+    print(f"\n{what}, {data}, {args.dtype}, {bench.sampling_label(args)}, concurrency {args.concurrency}: "
           f"{tokens} tokens in {seconds:.2f} s under cProfile = {tokens / seconds:.1f} tokens/s\n")  # fmt: skip
     if args.method == "lookahead":
         print(step_gap_line(before[0], print_lookahead_stats(llm)))

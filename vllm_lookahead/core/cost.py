@@ -101,6 +101,7 @@ class StepCost:
         self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
         self._fit: CostModel | None = None  # the last solution
         self._stale = 0  # observations since it was solved
+        self._pending: list[tuple[int, int, bool, float]] = []  # observed, not yet in the sums (`_fold`)
 
     def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
         if self._frozen is not None or seconds <= 0 or requests <= 0:
@@ -108,17 +109,32 @@ class StepCost:
         t = requests + drafts
         if self._prior is None:
             self._prior = seconds / (1 + PRIOR_SLOPE * t) * PRIOR_SLOPE
-        k = self._knees
-        n = len(k)
-        x = np.column_stack(
-            [np.ones(n), np.full(n, float(requests)), np.minimum(t, k), np.maximum(0.0, t - k), np.full(n, branched)]
-        )
-        self._xtx = self._xtx * DECAY + x[:, :, None] * x[:, None, :]
-        self._xty = self._xty * DECAY + x * seconds
-        self._yy = self._yy * DECAY + seconds * seconds
+        # Into the sums when the fit is next solved (`_fold`): one vectorized update every RESOLVE_EVERY steps costs
+        # a third of what a dozen small numpy calls a step did (0.06 ms a step in the engine, where caches are cold).
+        self._pending.append((requests, t, branched, seconds))
         self._n = self._n * DECAY + 1.0
-        self._beyond = self._beyond * DECAY + (t > k)
         self._stale += 1
+
+    def _fold(self) -> None:
+        """The pending steps into the decayed sums, each weighted as if it had been added when observed."""
+        if not self._pending:
+            return
+        rows = np.array(self._pending, dtype=float)  # requests, tokens, branched, seconds
+        self._pending.clear()
+        m, k = len(rows), self._knees
+        w = DECAY ** np.arange(m - 1, -1, -1)  # the older a step, the more decays it has seen since
+        r, t, b, y = rows.T
+        x = np.empty((len(k), 5, m))  # per knee, the steps' regressors as columns
+        x[:, 0] = 1.0
+        x[:, 1] = r
+        x[:, 2] = np.minimum(t, k[:, None])
+        x[:, 3] = np.maximum(0.0, t - k[:, None])
+        x[:, 4] = b
+        keep = DECAY**m
+        self._xtx = self._xtx * keep + (x * w) @ x.transpose(0, 2, 1)
+        self._xty = self._xty * keep + x @ (w * y)
+        self._yy = self._yy * keep + float(w @ (y * y))
+        self._beyond = self._beyond * keep + (t > k[:, None]) @ w
 
     def coefficients(self) -> CostModel:
         """The cost model in seconds (relative units before any step was timed)."""
@@ -132,6 +148,7 @@ class StepCost:
         return self._fit
 
     def _solve(self, s: float) -> CostModel:
+        self._fold()
         # The prior as pseudo-rows on the slopes alone (the intercept is always measured): w * (spread * (k - k0))^2.
         ridge = PRIOR_WEIGHT * PRIOR_SPREAD**2
         reg = np.diag([0.0, ridge, ridge, ridge, BRANCH_PRIOR_WEIGHT])

@@ -28,20 +28,22 @@ if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
-# A request whose trees carried no draft IDLE_AFTER steps running builds its next trees only every so many steps, up
-# to one in MAX_REST + 1: where nothing is predictable (random text, sampling at temperature 1, a large batch on a
-# CPU) building trees nobody carries, and catching each state up a token at a time, cost 1-1.5 ms a step at 16
-# requests, 3% of a bfloat16 step; a source that starts to match is found again within MAX_REST steps. A resting
-# request's state learns the tokens it missed when it next builds a tree (or when it finishes), all at once. Off
-# under tensor parallelism, where every rank must build the same trees whatever its own sizes were.
+# A request whose trees carried no draft IDLE_AFTER steps running builds its next trees only every so many steps,
+# doubling up to one in MAX_REST + 1: where nothing is predictable (random text, sampling at temperature 1, a large
+# batch on a CPU) building trees nobody carries, and catching each state up a token at a time, is the plugin's main
+# cost a step: 0.49 ms of a 26 ms bfloat16 step at 16 requests with rests of up to 3 steps, 0.32 with up to 8
+# (random prompts at temperature 1, 2-core AVX-512 CPU). A source that starts to match is found again within
+# MAX_REST steps. A resting request's state learns the tokens it missed when it next builds a tree (or when it
+# finishes), all at once. Off under tensor parallelism, where every rank must build the same trees whatever its own
+# sizes were.
 IDLE_AFTER = 2
-MAX_REST = 3
+MAX_REST = 8
 
 
-def rests() -> bool:
-    """Whether idle requests rest (above); VLLM_LOOKAHEAD_REST=0 builds every request's tree every step (the rest's
-    before/after in a benchmark)."""
-    return os.environ.get("VLLM_LOOKAHEAD_REST", "1") != "0"
+def max_rest() -> int:
+    """MAX_REST, or VLLM_LOOKAHEAD_REST steps (0: every request builds its tree every step; the rest's before/after
+    in a benchmark)."""
+    return max(0, int(os.environ.get("VLLM_LOOKAHEAD_REST", MAX_REST)))
 
 
 class Drafting:
@@ -64,8 +66,8 @@ class Drafting:
         # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included),
         # the engine's first few left out (first-use costs).
         self.timer = StepTimer(cold_steps())
-        # Off under tensor parallelism (IDLE_AFTER).
-        self.rests = ranks == 1 and rests()
+        # The longest rest of an idle request (IDLE_AFTER); none under tensor parallelism.
+        self.max_rest = max_rest() if ranks == 1 else 0
 
     def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
@@ -99,13 +101,13 @@ class Drafting:
         caps: list[int] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            if not sampled or not requests.eligible(runner, req_id):
+            if not sampled or (self.max_rest and _resting(requests.idle, req_id)):
+                continue  # a resting request's state catches up when it next builds a tree
+            if not requests.eligible(runner, req_id):
                 continue
             room = self._room(runner, i, req_id)
             if room <= 0:
                 continue
-            if self.rests and _resting(requests.idle, req_id):
-                continue  # its state catches up when it next builds a tree
             state = requests.state(runner, i, req_id)
             rows.append((i, req_id))
             ready.append((state, int(sampled[-1])))
@@ -125,7 +127,7 @@ class Drafting:
                 drafts[i] = tree.tokens[1:size]
                 requests.idle.pop(req_id, None)
             else:
-                _carried_nothing(requests.idle, req_id)
+                _carried_nothing(requests.idle, req_id, self.max_rest)
         return drafts
 
     def plan(
@@ -167,10 +169,12 @@ def _prefilling(sampled_token_ids: list[list[int]], num_reqs: int) -> bool:
     return any(not sampled_token_ids[i] for i in range(min(num_reqs, len(sampled_token_ids))))
 
 
-def _carried_nothing(idle: dict[str, tuple[int, int]], req_id: str) -> None:
-    """The request's tree carried no draft: from the IDLE_AFTER-th such tree on, rest 1, 2, ... MAX_REST steps."""
+def _carried_nothing(idle: dict[str, tuple[int, int]], req_id: str, longest: int = MAX_REST) -> None:
+    """The request's tree carried no draft: from the IDLE_AFTER-th such tree on, rest 1, 2, 4, ... steps, at most
+    `longest`."""
     empty = idle.get(req_id, (0, 0))[0] + 1
-    idle[req_id] = (empty, min(empty - IDLE_AFTER + 1, MAX_REST) if empty >= IDLE_AFTER else 0)
+    rest = min(1 << min(empty - IDLE_AFTER, 30), longest) if empty >= IDLE_AFTER else 0
+    idle[req_id] = (empty, rest)
 
 
 def _resting(idle: dict[str, tuple[int, int]], req_id: str) -> bool:
