@@ -63,6 +63,7 @@ class _Requests:
         self.idle: dict[str, tuple[int, int]] = {}
         self.built: list[int] = []
         self.touched: list[str] = []
+        self.states: dict[str, object] = {}
 
     def eligible(self, runner: object, req_id: str) -> bool:
         return True
@@ -73,6 +74,7 @@ class _Requests:
 
         built = self.built
         self.touched.append(req_id)
+        self.states[req_id] = None
 
         class _State:
             stats = AcceptanceStats()
@@ -206,3 +208,19 @@ def test_no_draft_past_a_request_s_max_tokens():
         runner = _Runner(["a"], max_tokens=max_tokens)
         drafts = drafting.propose(runner, [[5]], _Sure(), Step({}, ChainBackend()))
         assert len(drafts[0]) == longest, (max_tokens, drafts)
+
+
+def test_a_request_s_state_is_built_after_its_first_token_went_out():
+    """The step that samples a request's first token does not index its prompt (that would delay the first token):
+    its state is built at the request's next step, and a request already known builds as usual."""
+    from vllm_lookahead.backends import ChainBackend
+
+    drafting, Step = _drafting()
+    runner, requests = _Runner(["new", "old"]), _Requests()
+    requests.states["old"] = None
+    runner.input_batch.num_tokens_no_spec = [5, 10]  # "new": 4 prompt tokens and its first token
+    drafting.propose(runner, [[5], [6]], requests, Step({}, ChainBackend()))
+    assert requests.touched == ["old"]
+    runner.input_batch.num_tokens_no_spec = [6, 11]
+    drafting.propose(runner, [[7], [8]], requests, Step({}, ChainBackend()))
+    assert requests.touched == ["old", "new", "old"]

@@ -117,3 +117,19 @@ def test_matches_reference_model(n, g, max_keys, ops):
         assert got == ref.get(key)
         assert len(got) <= g and len(set(got)) == len(got)
     assert pool.keys() == ref.order
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(2, 4),
+    g=st.integers(0, 3),
+    max_keys=st.integers(1, 4),
+    tokens=st.lists(st.integers(0, 5), max_size=50),
+)
+def test_seeding_a_prompt_is_adding_its_ngrams_one_by_one(n, g, max_keys, tokens):
+    seeded, added = NGramPool(n, g, max_keys=max_keys), NGramPool(n, g, max_keys=max_keys)
+    seeded.seed_from_tokens(tokens)
+    for i in range(len(tokens) - n + 1):
+        added.add(tokens[i], tuple(tokens[i + 1 : i + n]))
+    assert seeded.keys() == added.keys()
+    assert all(seeded.get_with_origin(k) == added.get_with_origin(k) for k in range(6))

@@ -52,9 +52,24 @@ class LookupIndex:
         if max_match < 1:
             raise ValueError(f"lookahead: lookup max_match must be >= 1 (got {max_match})")
         self.max_match = max_match
-        self.tokens: list[int] = []
+        self.tokens: list[int] = [int(t) for t in tokens]
         self._index: dict[tuple[int, ...], list[int]] = {}
-        self.extend(tokens)
+        self._index_all()
+
+    def _index_all(self) -> None:
+        """Index the whole sequence at once (a prompt, on the first token's path): each key length in one pass over
+        zipped slices, about twice as fast as `extend` token by token, to the same positions."""
+        toks, index = self.tokens, self._index
+        for m in range(1, self.max_match + 1):
+            for end, key in enumerate(zip(*(toks[j:] for j in range(m)), strict=False), m - 1):
+                pos = index.get(key)
+                if pos is None:
+                    index[key] = [end]
+                else:
+                    pos.append(end)
+        for pos in index.values():
+            if len(pos) > _MAX_POSITIONS:
+                del pos[:-_MAX_POSITIONS]
 
     def extend(self, new_tokens: Sequence[int]) -> None:
         toks = self.tokens
