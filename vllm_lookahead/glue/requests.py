@@ -1,4 +1,4 @@
-"""Request lifetime: which requests lookahead serves, and each one's state from its first drafted step until it
+"""Request lifetime: which requests lookahead serves, and each one's state from its second step until it
 finishes, is preempted or resumes (a resumed request rebuilds its state on its next step)."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Requests:
         return ok
 
     def state(self, runner: GPUModelRunner, index: int, req_id: str) -> LookaheadState:
-        """The request's state (built at its first drafted step), caught up with its tokens so far."""
+        """The request's state (built at its first step that drafts), caught up with its tokens so far."""
         batch = runner.input_batch
         state = self.states.get(req_id)
         if state is None:
