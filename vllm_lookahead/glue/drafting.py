@@ -25,6 +25,7 @@ from vllm_lookahead.glue.step import LookaheadStep
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
@@ -169,7 +170,7 @@ def _prefilling(sampled_token_ids: list[list[int]], num_reqs: int) -> bool:
     return any(not sampled_token_ids[i] for i in range(min(num_reqs, len(sampled_token_ids))))
 
 
-def _unseen_prefill(requests: Requests, batch, index: int, req_id: str) -> bool:
+def _unseen_prefill(requests: Requests, batch: InputBatch, index: int, req_id: str) -> bool:
     """Whether the request has only just sampled its first token and has no state yet. Its state (the prompt
     indexed for lookup, the pool seeded, its suffix tree: about 2 microseconds a prompt token, 1-3 ms for a long chat
     prompt, 2-5% of its prefill) is built at its next step instead, so that its first token goes out without waiting
