@@ -57,8 +57,8 @@ class LookupIndex:
         self._index_all()
 
     def _index_all(self) -> None:
-        """Index the whole sequence at once (a prompt, on the first token's path): each key length in one pass over
-        zipped slices, about twice as fast as `extend` token by token, to the same positions."""
+        """Index the whole sequence at once (a prompt, when a request's state is built): each key length in one pass
+        over zipped slices, about twice as fast as `extend` token by token, to the same positions."""
         toks, index = self.tokens, self._index
         for m in range(1, self.max_match + 1):
             for end, key in enumerate(zip(*(toks[j:] for j in range(m)), strict=False), m - 1):

@@ -67,20 +67,10 @@ class NGramPool:
         """Add every n-gram of `tokens` in order, so later occurrences end up most recent."""
         if self.guess_set_size == 0:
             return
-        # `add` inlined: a prompt is seeded on its first token's path
-        toks, table, most, cap = list(tokens), self._table, self.guess_set_size, self.max_keys
-        for key, *rest in zip(*(toks[j:] for j in range(self.ngram_size)), strict=False):
-            value = tuple(rest)
-            values = table.get(key)
-            if values is None:
-                if len(table) >= cap:
-                    table.popitem(last=False)
-                table[key] = {value: False}
-            else:
-                table.move_to_end(key)
-                values[value] = values.pop(value, False)
-                if len(values) > most:
-                    del values[next(iter(values))]
+        n = self.ngram_size
+        toks = list(tokens)
+        for i in range(len(toks) - n + 1):
+            self.add(toks[i], tuple(toks[i + 1 : i + n]))
 
     def get(self, key: int) -> list[tuple[int, ...]]:
         """Continuations of `key`, most recent first (at most G). Lookups do not refresh recency."""
