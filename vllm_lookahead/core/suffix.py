@@ -17,12 +17,12 @@ from vllm_lookahead.core.tree import Candidate, Source
 
 logger = logging.getLogger("vllm_lookahead")
 _said_missing = False
-# The library speculates at most SPEC_FACTOR tokens per matched context token (vLLM's suffix method: 1). The step
-# tree prices every node by its own measured acceptance, so it can afford longer speculation on short matches:
-# `benchmarks/replay_trees.py --spec-factor F` (20 prompts of each set) gave 2.73 -> 2.85 tokens per step on
-# HumanEval and 1.66 -> 1.69 on ShareGPT for F = 1 -> 2, at 2.9% / 0.2% more tokens per modelled second; 3 and 4
-# drafted more nodes for no more.
-SPEC_FACTOR = 2.0
+# The library speculates at most SPEC_FACTOR tokens per matched context token, as vLLM's suffix method does. Longer
+# speculation on short matches (2) offers deep nodes whose scores run high: `benchmarks/research/replay_trees.py
+# --spec-factor F` (20 prompts of each set, 2026-12-06), tokens per modelled second at F = 1 over F = 2, HumanEval /
+# ShareGPT: 4 requests in flight +1.9% / +0.6%, 16 +1.9% / +1.1%, 64 +0.0% / +0.6%; one request 0.0% / +0.4% under a
+# knee (`--knee 6`), -0.8% / 0.0% on a straight line. F = 1.5 fell between.
+SPEC_FACTOR = 1.0
 # A speculation matched on at most this many context tokens is Source.SUFFIX_SHORT, learned apart: the library's
 # estimates there come from the counts after one or two tokens of context and run high, those of long matches run
 # low, and one factor per depth over both mixed them. `benchmarks/replay_trees.py --fixed 0.05 --per-token 0.003`:
