@@ -75,9 +75,9 @@ def test_seeded_outputs_are_drafted_before_any_request_and_evicted_first():
     text = [(i * 7919) % 1000 + 10 for i in range(40)]
     sc.seed([text, [5, 6, 7]])
     assert sc.cached_requests() == 2 and sc.cached_tokens() == 43
-    sc.start("r", [1, 2, *text[:6]])
-    (best, *_) = sc.candidates("r", [1, 2, *text[:6]], 8)
-    assert list(best.tokens) == text[6:14]
+    sc.start("r", [1, 2, *text[:8]])
+    (best, *_) = sc.candidates("r", [1, 2, *text[:8]], 8)  # 8 tokens matched: up to 8 speculated (SPEC_FACTOR 1)
+    assert list(best.tokens) == text[8:16]
     sc.stop("r")
     assert sc.cached_requests() == 3  # the two texts and r's (empty) output
     sc.start("s", [9])  # a fourth: the corpus's oldest text goes first

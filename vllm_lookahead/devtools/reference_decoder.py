@@ -51,12 +51,16 @@ def lookahead_generate(
     temperature: float = 1.0,
     generator: torch.Generator | None = None,
     max_nodes: int | None = None,
+    as_engine: bool = False,
 ) -> tuple[list[int], dict[str, Any]]:
     """Generate up to `max_new_tokens` tokens after `input_ids` with lookahead decoding (`params`, default
     `LookaheadParams()`; `step_token_budget` does not apply to one sequence, `max_nodes` caps each tree).
 
     Returns (new_token_ids, stats); stats["steps"] counts target forward passes (the prefill included), so
     stats["compression"] = tokens / steps. Greedy output equals `model.generate(do_sample=False)`.
+    `as_engine`: two rules of the engine's drafting (`glue.drafting`) as well: the state is built once the first
+    token went out, so the first decoding step carries no tree (the sequence drafts from its third forward), and a
+    tree holds no more drafts than the tokens still wanted after x0's (a draft past the last would count for nothing).
     """
     from transformers import DynamicCache
 
@@ -87,11 +91,22 @@ def lookahead_generate(
     suffix = SuffixCandidates.create(params.suffix_depth, 0) if params.suffix_candidates else None
     # Token recycling over this sequence's rows only (an engine's table also holds earlier requests' rows).
     recycle = TokenRecycler() if params.recycle_candidates else None
-    state = LookaheadState(params, prompt, suffix=suffix, recycle=recycle)
+    state = None if as_engine else LookaheadState(params, prompt, suffix=suffix, recycle=recycle)
     prefix_len = len(prompt)
 
     while len(new_tokens) < max_new_tokens and new_tokens[-1] not in eos:
-        tree = state.build_tree(new_tokens[-1], max_nodes=max_nodes)
+        if state is None and len(new_tokens) > 1:  # the engine's rule: built at the request's second step
+            state = LookaheadState(params, prompt, suffix=suffix, recycle=recycle)
+            seq = prompt + new_tokens
+            state.catch_up(len(seq), lambda a, b, seq=seq: seq[a:b])
+        x0 = new_tokens[-1]
+        cap = max_nodes
+        if as_engine:  # the root and the drafts that can still count (`Drafting._room`)
+            cap = min(max_nodes or max_new_tokens, max_new_tokens - len(new_tokens))
+        if state is None or (cap is not None and cap <= 1):
+            tree = StepTree([x0], [-1], [0])
+        else:
+            tree = state.build_tree(x0, max_nodes=cap)
         positions = torch.tensor([[prefix_len + d for d in tree.depths]], device=device)
         mask = _tree_mask(tree, prefix_len, dtype).to(device)
         out = model(
@@ -114,10 +129,12 @@ def lookahead_generate(
         top = None
         if recycle is not None:  # the target's top tokens at x0 and the accepted nodes: what recycling learns
             top = logits[[0, *accepted_nodes]].topk(recycle.top_k, dim=-1).indices.tolist()
-        state.update(tree, argmax, tokens, top)
+        if state is not None:
+            state.update(tree, argmax, tokens, top)
         accepted_total += len(tokens) - 1
         new_tokens.extend(tokens)
-    state.close()
+    if state is not None:
+        state.close()
 
     # A step may overshoot the length limit or run past EOS: cut as plain decoding would have stopped.
     for i, t in enumerate(new_tokens):
