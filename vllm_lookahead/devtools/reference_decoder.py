@@ -101,12 +101,10 @@ def lookahead_generate(
             state.catch_up(len(seq), lambda a, b, seq=seq: seq[a:b])
         x0 = new_tokens[-1]
         cap = max_nodes
-        if as_engine:  # the root and the drafts that can still count (`Drafting._room`)
+        if as_engine:  # the root and the drafts that can still count (`Drafting._room`): none, no tree
             cap = min(max_nodes or max_new_tokens, max_new_tokens - len(new_tokens))
-        if state is None or (cap is not None and cap <= 1):
-            tree = StepTree([x0], [-1], [0])
-        else:
-            tree = state.build_tree(x0, max_nodes=cap)
+        plain = state is None or (as_engine and cap <= 1)
+        tree = StepTree([x0], [-1], [0]) if plain else state.build_tree(x0, max_nodes=cap)
         positions = torch.tensor([[prefix_len + d for d in tree.depths]], device=device)
         mask = _tree_mask(tree, prefix_len, dtype).to(device)
         out = model(
