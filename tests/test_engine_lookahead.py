@@ -471,6 +471,29 @@ def test_odd_requests_are_served_or_refused_as_plain_decoding(plain_llm, la_llm,
     assert _settled_stats(la_llm)["live_states"] == 0
 
 
+def test_greedy_neighbours_that_change_their_logits_keep_their_own_tokens(plain_llm, la_llm):
+    """A greedy batch where some requests change their logits before sampling (bad words, a repetition penalty):
+    lookahead takes each x0 row's argmax in place of vLLM's sampler only in steps where no request does, so every
+    output, the lookahead requests' and their neighbours', is plain decoding's."""
+    from vllm import SamplingParams
+
+    code = humaneval_prompts(5)
+    greedy = SamplingParams(temperature=0.0, max_tokens=32)
+    unbiased = plain_llm.generate(code[0], greedy, use_tqdm=False)[0].outputs[0]
+    word = max(unbiased.text.split(), key=len)  # vLLM refuses a logit bias with speculative decoding
+    neighbours = [
+        SamplingParams(temperature=0.0, max_tokens=32, bad_words=[word]),
+        SamplingParams(temperature=0.0, max_tokens=32, repetition_penalty=1.5),
+    ]
+    prompts = [*code[1:], code[0], code[0]]
+    params = [greedy] * 4 + neighbours
+    got = [list(o.outputs[0].token_ids) for o in la_llm.generate(prompts, params, use_tqdm=False)]
+    want = [list(o.outputs[0].token_ids) for o in plain_llm.generate(prompts, params, use_tqdm=False)]
+    assert got == want
+    # The neighbours test what they say: their logits change what greedy decoding outputs.
+    assert want[4] != list(unbiased.token_ids) and want[5] != list(unbiased.token_ids)
+
+
 def test_a_suffix_corpus_is_drafted_from_the_first_request_on(tmp_path, model_path, plain_llm):
     """suffix_corpus: the texts are in the shared suffix tree at start-up; a request whose answer one of them holds
     drafts it from its first steps, and its output stays plain decoding's."""

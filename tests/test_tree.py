@@ -231,3 +231,33 @@ def test_follow_finds_the_nodes_a_continuation_goes_through(inp, merge, followin
     # decided: no node the continuation reaches has a child whose position is not yet known
     undecided = any(tree.children(u) and tree.depths[u] >= len(following) for u in on)
     assert decided == (not undecided)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    inp=step_inputs(),
+    merge=st.booleans(),
+    conds=st.lists(st.sampled_from([0.2, 0.5, 0.9, 1.0]), min_size=16, max_size=16),
+    window_score=st.sampled_from([0.0, 0.1, 0.5]),
+    keep=st.integers(1, 30),
+    above=st.sampled_from([None, 0.05, 0.3, 0.6]),
+)
+def test_by_score_cuts_in_the_same_pass_as_truncate(inp, merge, conds, window_score, keep, above):
+    """by_score(k, above) is by_score() cut to its first k nodes and to those scoring above `above`, field for
+    field (ties keep their order)."""
+    x0, win, plain = inp
+    cands = []
+    for j, toks in enumerate(plain):
+        scores, p = [], 1.0
+        for d in range(len(toks)):
+            p *= conds[(j * 4 + d) % len(conds)]
+            scores.append(p)
+        cands.append(Candidate(toks, scores, Source.SUFFIX))
+    tree = build_step_tree(x0, win, cands, merge=merge, window_score=window_score)
+    whole = tree.by_score()
+    cap = keep if above is None else min(keep, max(1, sum(1 for s in whole.scores if s > above)))
+    want, got = whole.truncate(cap), tree.by_score(keep, above)
+    _check_valid(got)
+    for f in ("tokens", "parents", "depths", "window_node", "candidate_nodes", "scores", "sources", "estimates"):
+        assert getattr(got, f) == getattr(want, f), f
+    assert got.child_lists == want.child_lists

@@ -147,10 +147,8 @@ class LookaheadState:
             return StepTree([x0], [-1], [0], {(0, 0): 0}, [[] for _ in cands])
         tree = build_step_tree(x0, window, cands, merge=self.merge, window_score=stats.window_value)
         cap = p.max_tree_nodes if max_nodes is None else min(max_nodes, p.max_tree_nodes)
-        tree = tree.by_score()
-        if min_score > 0:  # best first: the nodes above the bar are a prefix (the root's score is 1)
-            cap = min(cap, max(1, sum(1 for sc in tree.scores if sc > min_score)))
-        tree = tree.truncate(cap)
+        # best first: the nodes above the bar are a prefix (the root's score is 1)
+        tree = tree.by_score(cap, min_score if min_score > 0 else None)
         if tree.num_nodes > 1:  # the whole tree, however much of it a step verifies, is scored in hindsight
             if not self.unscored:
                 self.following, self.following_from = [], self.seen

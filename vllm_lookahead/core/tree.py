@@ -207,28 +207,39 @@ class StepTree:
             estimates=[self.estimates[u] for u in keep],
         )
 
-    def by_score(self) -> StepTree:
+    def by_score(self, max_nodes: int | None = None, above: float | None = None) -> StepTree:
         """The same tree with its nodes in descending score (ties: the current order), so that any prefix is the
-        best-scored subtree of its size. Parents still precede children: a child never outscores its parent."""
+        best-scored subtree of its size. Parents still precede children: a child never outscores its parent.
+        Cut in the same pass to its first `max_nodes` nodes and, with `above`, to those scoring above it (the root
+        always stays): `by_score().truncate(k)` without building the whole reordered tree first."""
         n = len(self.tokens)
-        order = sorted(range(n), key=lambda u: (-self.scores[u], u))
-        if order == list(range(n)):
+        scores = self.scores
+        # sort is stable, reversed too: equal scores keep their order
+        order = sorted(range(n), key=scores.__getitem__, reverse=True)
+        m = n if max_nodes is None else max(1, min(n, max_nodes))
+        if above is not None:
+            m = min(m, max(1, sum(1 for sc in scores if sc > above)))
+        if m == n and order == list(range(n)):
             return self
-        new = [0] * n
+        if m < n:
+            order = order[:m]
+        new = [m] * n  # nodes cut off map past the kept ones
         for i, u in enumerate(order):
             new[u] = i
-        parents = [-1 if u == 0 else new[self.parents[u]] for u in order]
+        old_parents = self.parents
+        parents = [-1 if u == 0 else new[old_parents[u]] for u in order]
         if any(p >= i for i, p in enumerate(parents)):
             raise ValueError("lookahead: a node outscores its parent; scores must not grow along a path")
+        depths, tokens, sources, estimates = self.depths, self.tokens, self.sources, self.estimates
         return StepTree(
-            tokens=[self.tokens[u] for u in order],
+            tokens=[tokens[u] for u in order],
             parents=parents,
-            depths=[self.depths[u] for u in order],
-            window_node={s: new[u] for s, u in self.window_node.items()},
-            candidate_nodes=[[new[u] for u in nodes] for nodes in self.candidate_nodes],
-            scores=[self.scores[u] for u in order],
-            sources=[self.sources[u] for u in order],
-            estimates=[self.estimates[u] for u in order],
+            depths=[depths[u] for u in order],
+            window_node={s: new[u] for s, u in self.window_node.items() if new[u] < m},
+            candidate_nodes=[[new[u] for u in nodes if new[u] < m] for nodes in self.candidate_nodes],
+            scores=[scores[u] for u in order],
+            sources=[sources[u] for u in order],
+            estimates=[estimates[u] for u in order],
         )
 
 

@@ -158,18 +158,20 @@ class LookaheadEngine:
         """The step's sampling, then `finish_step`.
 
         A step with drafts does not run vLLM's rejection sampler (`sampling.samples_itself`): every request's x0 row
-        is sampled by vLLM's own sampler and `finish_step` extends the requests that carry a tree; requests with
-        drafts this engine did not make keep that one token (vLLM's zero padding near max_model_len). A step without
-        a single draft token is sampled as vLLM samples without speculation: vLLM 0.32's rejection sampler fails on
-        CPU on such a step when a request uses top-k (`apply_top_k_only` on an empty tensor)."""
+        is sampled by vLLM's own sampler (or is its argmax, where that is what the sampler would return) and
+        `finish_step` extends the requests that carry a tree; requests with drafts this engine did not make keep that
+        one token (vLLM's zero padding near max_model_len). A step without a single draft token is sampled as vLLM
+        samples without speculation: vLLM 0.32's rejection sampler fails on CPU on such a step when a request uses
+        top-k (`apply_top_k_only` on an empty tensor)."""
         if spec_md is not None and not any(spec_md.num_draft_tokens):
             spec_md = None
         own = sampling.samples_itself(runner, spec_md)
+        argmax = None
         if own:
-            sampler_output = sampling.sample_first_rows(runner, logits, spec_md)
+            sampler_output, argmax = sampling.sample_first_rows(runner, logits, spec_md)
         else:
             sampler_output = vllm_sample(runner, logits, spec_md)
-        paths = self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own)
+        paths = self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own, argmax=argmax)
         if own and runner.input_batch.sampling_metadata.max_num_logprobs is not None:
             sampler_output.logprobs_tensors = sampling.logprobs(runner, logits, spec_md, sampler_output, paths)
         return sampler_output
@@ -181,14 +183,16 @@ class LookaheadEngine:
         spec_md: SpecDecodeMetadata | None,
         sampler_output: SamplerOutput,
         first_rows_sampled: bool = False,
+        argmax: list[int] | None = None,
     ) -> dict[int, list[int]]:
-        """Verify every scheduled tree and close the step. Returns each verified request's path."""
+        """Verify every scheduled tree and close the step (`argmax`: every logits row's, where already taken).
+        Returns each verified request's path."""
         step, self.step = self.step, None
         paths: dict[int, list[int]] = {}
         if step is not None and step.scheduled and spec_md is not None:
             paths = verify_step(
                 runner, step, logits, spec_md, sampler_output, first_rows_sampled,
-                self.requests, self.recycling, self.stats,
+                self.requests, self.recycling, self.stats, argmax,
             )  # fmt: skip
         if step is not None and step.attention_plans:
             if self.backend.used_kernel(step.attention_plans):
