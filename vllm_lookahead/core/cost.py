@@ -33,9 +33,10 @@ PRIOR_SPREAD = 8.0
 BRANCH_PRIOR_WEIGHT = 16.0
 DECAY = 0.995  # per observed step: about two hundred steps of memory
 # Once the fit has this many steps' weight, it is solved again every RESOLVE_EVERY steps rather than every step (a
-# solve is about 0.2 ms, 0.5% of a 40 ms CPU step; four steps move a fit of two hundred steps' memory by little).
+# solve is about 0.25 ms in the engine: every 4 steps it was 0.5% of a 15 ms step at 4 requests on a CPU; sixteen
+# steps move a fit of two hundred steps' memory by little).
 SETTLED = 64.0
-RESOLVE_EVERY = 4
+RESOLVE_EVERY = 16
 # The knees tried (tokens a step computes): each has its own fit, and the one that fits the recent steps best is used.
 # A knee of 1 is the straight line (every token at per_draft).
 KNEES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512)
