@@ -97,10 +97,14 @@ class AcceptanceStats:
     def path_scores(self, source: Source, estimates: Sequence[float] | None, length: int) -> list[float]:
         """Scores of a candidate path's `length` tokens (depth 1..length), given the source's own conditional
         estimates per token (None: no estimate, 1 each)."""
+        hits, expected = self._hits[source], self._expected[source]  # `factor`, inlined: every candidate, every step
         out, p = [], 1.0
         for d in range(1, length + 1):
-            c = 1.0 if estimates is None else estimates[d - 1]
-            p *= min(1.0, self.factor(source, d) * c)
+            k = min(d, MAX_DEPTH)
+            f = hits[k] / expected[k]
+            if estimates is not None:
+                f *= estimates[d - 1]
+            p *= f if f < 1.0 else 1.0
             out.append(p)
         return out
 
