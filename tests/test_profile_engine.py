@@ -49,3 +49,23 @@ def test_the_drafting_line_divides_by_steps_and_drafts():
     assert "3600 draft tokens (4.50 a draft), 1800 accepted (0.50 of them, 2.25 a draft)" in line
     plain = profile_engine.drafting_line({"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}, 400, steps)
     assert plain.strip() == "1.00 tokens an engine step; 0 drafts (request-steps that drafted)"
+
+
+def test_the_plugin_parts_are_clocked_where_they_are_called_and_restored():
+    """`--clock --parts`: every PARTS row names a method or a module's function that exists (a module-level function
+    is wrapped in the module that calls it); wrapped, a call counts; the originals are back afterwards."""
+    from importlib import import_module
+
+    from vllm_lookahead.core.tree import StepTree
+
+    for row, module, cls, name in profile_engine.PARTS:
+        owner = import_module(module) if cls is None else getattr(import_module(module), cls)
+        assert callable(getattr(owner, name)), row
+    row = "- ordered and cut (by_score)"
+    original = StepTree.__dict__["by_score"]
+    with profile_engine.clocked(lambda: True, profile_engine.PARTS) as (seconds, calls):
+        StepTree.chain([5, 6, 7]).by_score(2)
+    assert calls[row] == 1 and seconds[row] > 0
+    assert StepTree.__dict__["by_score"] is original
+    table = profile_engine.parts_table({row: 0.002}, {row: 4}, 10)
+    assert f"| {row} | 200.0 | 500.0 | 4 |" in table

@@ -23,6 +23,8 @@ as milliseconds per engine step, then the batch's tokens per step and vLLM's dra
 whose steps cost the same differ by these). What the plugin costs a step is its hooks' rows; `runner._sample` includes
 the `lookahead: sample` hook, which includes vLLM's own sampler. `--method ngram` or `suffix` runs vLLM's own method
 under the same clock (its drafting is the `propose_draft_token_ids` row), for a step-by-step comparison.
+`--parts` clocks the plugin's own pieces as well (`PARTS`: the trees' sources, merging, sizing, verification, the
+fit's solve), microseconds a step and a call: each clock costs about a microsecond, so compare within one table.
 `--random-input-len N` generates vLLM's own random prompts (as `vllm bench throughput --dataset-name random` does, N
 tokens each) instead of the set's, and `--temperature 1` samples as `vllm bench throughput` does:
 
@@ -66,12 +68,31 @@ CLOCKED = (
     ("- lookahead: propose (in propose_draft_token_ids)", "vllm_lookahead.glue.engine", "LookaheadEngine", "propose"),
     ("scheduler.update_from_output", "vllm.v1.core.sched.scheduler", "Scheduler", "update_from_output"),
 )  # fmt: skip
+# (row, module, class or None for a module's function, name): the plugin's own pieces, timed with `--clock --parts`
+# (nested: a row includes the rows under it). A function is wrapped in the module that calls it.
+PARTS = (
+    ("propose: each request's state caught up", "vllm_lookahead.glue.requests", "Requests", "state"),
+    ("propose: the bar (score_floor, the fit solved)", "vllm_lookahead.glue.drafting", None, "score_floor"),
+    ("propose: the step-cost fit solved", "vllm_lookahead.core.cost", "StepCost", "_solve"),
+    ("propose: trees built (build_tree)", "vllm_lookahead.core.state", "LookaheadState", "build_tree"),
+    ("- suffix-tree candidates", "vllm_lookahead.core.suffix", "SuffixCandidates", "candidates"),
+    ("- prompt-lookup candidates", "vllm_lookahead.core.lookup", "LookupIndex", "candidates"),
+    ("- recycled candidates", "vllm_lookahead.core.recycle", "TokenRecycler", "candidates"),
+    ("- merged (build_step_tree)", "vllm_lookahead.core.state", None, "build_step_tree"),
+    ("- ordered and cut (by_score)", "vllm_lookahead.core.tree", "StepTree", "by_score"),
+    ("propose: sized (plan_step)", "vllm_lookahead.glue.drafting", None, "plan_step"),
+    ("sample: verification (verify_step)", "vllm_lookahead.glue.engine", None, "verify_step"),
+    ("- recycling's top tokens (path_top)", "vllm_lookahead.glue.recycling", "RecyclingGate", "path_top"),
+    ("- states updated (update)", "vllm_lookahead.core.state", "LookaheadState", "update"),
+    ("the sources learn new tokens (_learn)", "vllm_lookahead.core.state", "LookaheadState", "_learn"),
+    ("- suffix trees extended", "vllm_lookahead.core.suffix", "SuffixCandidates", "extend"),
+)  # fmt: skip
 
 
 @contextmanager
-def clocked(on: Callable[[], bool]) -> Iterator[tuple[dict[str, float], dict[str, int]]]:
-    """Wraps every CLOCKED method with a clock (counted while `on()`); restores them on exit. Yields the seconds and
-    calls per row."""
+def clocked(on: Callable[[], bool], rows: tuple = CLOCKED) -> Iterator[tuple[dict[str, float], dict[str, int]]]:
+    """Wraps every row's method or function (CLOCKED, or `rows`) with a clock (counted while `on()`); restores them
+    on exit. Yields the seconds and calls per row."""
     seconds: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     saved = []
@@ -89,8 +110,8 @@ def clocked(on: Callable[[], bool]) -> Iterator[tuple[dict[str, float], dict[str
 
         return timed
 
-    for row, module, cls, name in CLOCKED:
-        owner = getattr(import_module(module), cls)
+    for row, module, cls, name in rows:
+        owner = import_module(module) if cls is None else getattr(import_module(module), cls)
         saved.append((owner, name, owner.__dict__[name]))
         setattr(owner, name, wrap(row, getattr(owner, name)))
     try:
@@ -119,6 +140,16 @@ def clock_table(seconds: dict[str, float], calls: dict[str, int]) -> list[str]:
     for row, *_ in CLOCKED:
         if row in calls:
             rows.append(f"| {row} | {seconds[row] / steps * 1e3:.3f} | {calls[row]} |")
+    return rows
+
+
+def parts_table(seconds: dict[str, float], calls: dict[str, int], steps: int) -> list[str]:
+    """Markdown rows: each of the plugin's PARTS, microseconds per engine step and per call, and its calls."""
+    rows = ["| the plugin's parts (nested) | us a step | us a call | calls |", "|---|---|---|---|"]
+    for row, *_ in PARTS:
+        if calls.get(row):
+            rows.append(f"| {row} | {seconds[row] / steps * 1e6:.1f} | {seconds[row] / calls[row] * 1e6:.1f} | "
+                        f"{calls[row]} |")  # fmt: skip
     return rows
 
 
@@ -170,6 +201,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=25, help="rows of each table")
     p.add_argument("--clock", action="store_true", help="time the plugin's hooks and vLLM's step phases, no cProfile")
     p.add_argument("--compiled", action="store_true", help="compiled, as vllm serve runs (default: eager)")
+    p.add_argument("--parts", action="store_true", help="with --clock: the plugin's own pieces too (PARTS)")
     p.add_argument("--random-input-len", type=int, default=0, help="N > 0: vLLM's random prompts of N tokens")
     p.add_argument("--save-stats", default="", help="also write the profile here (pstats), to compare two methods")
     return p.parse_args(argv)
@@ -190,7 +222,8 @@ def clock_main(args: argparse.Namespace) -> int:
         counted.append(bench.spec_counters(llm))
         on[0] = True
 
-    with clocked(lambda: on[0]) as (seconds, calls):
+    parts = PARTS if args.parts and args.method == "lookahead" else ()
+    with clocked(lambda: on[0]) as (seconds, calls), clocked(lambda: on[0], parts) as (part_s, part_n):
         elapsed, tokens = measured_batch(llm, args, start)
         on[0] = False
     what = args.method + (f" {args.lookahead_config}" if args.lookahead_config else "")
@@ -200,6 +233,8 @@ def clock_main(args: argparse.Namespace) -> int:
           f"{tokens} tokens in {elapsed:.2f} s = {tokens / elapsed:.1f} tokens/s\n")  # fmt: skip
     print("\n".join(clock_table(seconds, calls)))
     print(drafting_line(bench.counters_since(counted[0], bench.spec_counters(llm)), tokens, calls))
+    if parts:
+        print("\n" + "\n".join(parts_table(part_s, part_n, engine_steps(calls))) + "\n")
     if args.method == "lookahead":
         print_lookahead_stats(llm)
     return 0
