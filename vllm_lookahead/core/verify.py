@@ -25,10 +25,12 @@ def row_argmax(logits: torch.Tensor) -> list[int]:
 
 # The vocabulary's blocks `row_topk` reduces first: the top k tokens lie in the k blocks with the largest maxima.
 TOPK_BLOCK = 128
-# From this vocabulary size on `row_topk` goes through the blocks; below it torch's own topk is faster. Timed right
-# after a forward pass, as verification runs it (2-core AVX-512 CPU, 1-4 rows, bfloat16 and float32): 49k tokens
-# 85-137 us against 144-207 through the blocks; 152k tokens 218-431 us against 161-279.
+# Below this vocabulary size, and for at most FEW_ROWS rows, torch's own topk is faster than going through the blocks.
+# Timed right after a forward pass, as verification runs it (2-core AVX-512 CPU, bfloat16 and float32): 49k tokens,
+# 1-4 rows, 85-137 us against 136-207 through the blocks; 16 rows 373-418 against 269-348; 152k tokens, 1-4 rows,
+# 218-431 against 161-279.
 BLOCKED_FROM = 100_000
+FEW_ROWS = 4
 
 
 def row_topk(rows: torch.Tensor, k: int) -> list[list[int]]:
@@ -38,7 +40,7 @@ def row_topk(rows: torch.Tensor, k: int) -> list[list[int]]:
     blocks have such a maximum. bfloat16 rows are made float32 first (exactly): torch's block maxima over bfloat16
     take six times as long on a CPU."""
     r, v = rows.shape
-    if v < BLOCKED_FROM or k >= v // TOPK_BLOCK:
+    if (v < BLOCKED_FROM and r <= FEW_ROWS) or k >= v // TOPK_BLOCK:
         return rows.topk(min(k, v), dim=-1).indices.tolist()
     if rows.device.type == "cpu" and rows.dtype != torch.float32:
         rows = rows.to(torch.float32)
