@@ -143,6 +143,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--methods", default=bench.DEFAULT_METHODS, help=f"comma list from: {', '.join(METHODS)}")
     p.add_argument("--datasets", default=",".join(DATASETS), help=f"comma list from: {', '.join(DATASETS)}")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma list of client concurrencies (--max-concurrency)")
+    p.add_argument(
+        "--prompts-as",
+        default=None,
+        help="comma list of concurrencies: give each run the prompts (and random seed) a sweep over these levels gives "
+        "it, and the servers its --max-num-seqs, so that one cell of a sweep runs again on its own prompts "
+        "(default: --concurrency)",
+    )
     p.add_argument("--num-prompts", type=int, default=16, help="N: a run at concurrency C sends max(K C, N) prompts")
     p.add_argument("--per-slot", type=int, default=4, help="K: prompts per concurrent slot (see --num-prompts)")
     p.add_argument("--max-prompts", type=int, default=256, help="cap on a run's prompts")
@@ -197,8 +204,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.dataset_list = _name_list(args.datasets)
     try:
         args.concurrency_list = sorted(set(_int_list(args.concurrency)))
+        args.level_list = sorted(set(_int_list(args.prompts_as))) if args.prompts_as else args.concurrency_list
     except ValueError:
-        p.error("--concurrency must be a comma list of integers")
+        p.error("--concurrency and --prompts-as must be comma lists of integers")
+    if not set(args.concurrency_list) <= set(args.level_list):
+        p.error("--prompts-as must hold every --concurrency level")
     for m in args.method_list:
         if m not in METHODS:
             p.error(f"unknown method '{m}'; known: {', '.join(METHODS)}")
@@ -322,7 +332,7 @@ def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tu
     """The prompt files of the file datasets: (dataset -> {"serve": {concurrency: path}, "offline": path}), each
     dataset's prompts per concurrency (dataset -> {concurrency: count}, under "counts"), the longest prompt in tokens
     (random's included) and notes for the report (levels cut to the prompts there are, prompts reused)."""
-    wanted = prompt_counts(args.concurrency_list, args.num_prompts, args.max_prompts, args.per_slot)
+    wanted = prompt_counts(args.level_list, args.num_prompts, args.max_prompts, args.per_slot)
     total = sum(wanted.values())
     offline_count = num_prompts_for(max(args.concurrency_list), args.num_prompts, args.max_prompts, args.per_slot)
     files: dict[str, Any] = {"counts": {}}
@@ -330,13 +340,13 @@ def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tu
     longest = args.random_input_len if "random" in args.dataset_list else 0
     for dataset in args.dataset_list:
         if dataset == "random":
-            files["counts"][dataset] = wanted
+            files["counts"][dataset] = {c: wanted[c] for c in args.concurrency_list}
             continue
         prompts, lengths = dataset_prompts(dataset, max(total, offline_count), tokenizer, args.output_len)
         if not prompts:
             raise RuntimeError(f"no {dataset} prompt fits vLLM's ShareGPT loader with --output-len {args.output_len}")
-        counts = files["counts"][dataset] = prompt_counts(
-            args.concurrency_list, args.num_prompts, args.max_prompts, args.per_slot, available=len(prompts)
+        counts = prompt_counts(
+            args.level_list, args.num_prompts, args.max_prompts, args.per_slot, available=len(prompts)
         )
         slices = prompt_slices(counts)
         if counts != wanted:
@@ -348,8 +358,11 @@ def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tu
                 f"{sum(counts.values()) - len(prompts)} are reused (wrapped around) on the same server"
             )
         longest = max(longest, *lengths)
+        counts = files["counts"][dataset] = {c: counts[c] for c in args.concurrency_list}
         serve = {}
         for c, (start, count) in slices.items():
+            if c not in counts:
+                continue  # a level of --prompts-as this run does not run
             chosen = [prompts[(start + i) % len(prompts)] for i in range(count)]
             serve[c] = write_sharegpt_file(folder / f"{dataset}_c{c}.json", chosen)
         offline = [prompts[i % len(prompts)] for i in range(offline_count)]
@@ -877,7 +890,7 @@ class Server:
         cmd = [
             *runtime_prefix(a), *vllm_command(), "serve", self.model, "--host", HOST, "--port", str(self.port),
             "--dtype", a.dtype, "--max-model-len", str(self.max_model_len),
-            "--max-num-seqs", str(max(a.concurrency_list)), "--max-num-batched-tokens", str(a.max_num_batched_tokens),
+            "--max-num-seqs", str(max(a.level_list)), "--max-num-batched-tokens", str(a.max_num_batched_tokens),
             "--seed", str(a.seed), "--disable-uvicorn-access-log",
         ]  # fmt: skip
         if a.eager:
@@ -1040,7 +1053,7 @@ def serve_client_command(
         cmd += ["--top-p", f"{args.top_p:g}"]
     if dataset == "random":
         # A seed per concurrency level: different prompts at each level on the same server.
-        seed = args.seed + args.concurrency_list.index(concurrency)
+        seed = args.seed + args.level_list.index(concurrency)
         cmd += ["--dataset-name", "random", "--random-input-len", str(args.random_input_len)]
         cmd += ["--random-output-len", str(args.output_len), "--seed", str(seed)]
     else:

@@ -542,3 +542,27 @@ def test_a_method_without_its_package_is_skipped_only_where_it_would_have_run(tm
     skipped = {(r["kind"], r["method"], r["dataset"]) for r in sweep.records}
     assert skipped == {("offline", "suffix", "random"), ("offline", "suffix", "code")}
     assert all(r["status"] == "skipped" for r in sweep.records)
+
+
+def test_one_cell_runs_again_on_the_prompts_its_sweep_gave_it(tmp_path):
+    """`--prompts-as 1,4,16,64 --concurrency 16`: the 16-request run gets the prompts a whole sweep gives that level
+    (not the set's first ones), random text its seed there, and the servers the sweep's --max-num-seqs."""
+
+    class Tok:  # one token per word
+        def __call__(self, text):
+            return type("Enc", (), {"input_ids": text.split()})()
+
+    def sent(files, c):
+        return [rec["conversations"][0]["value"] for rec in json.loads(files["code"]["serve"][c].read_text())]
+
+    sweep = bs.parse_args(["--datasets", "random,code", "--out", str(tmp_path / "sweep")])
+    whole, _, _ = bs.write_datasets(sweep, Tok(), tmp_path / "sweep")
+    cell = bs.parse_args(["--datasets", "random,code", "--concurrency", "16", "--prompts-as", "1,4,16,64"])
+    one, _, _ = bs.write_datasets(cell, Tok(), tmp_path / "cell")
+    alone = bs.parse_args(["--datasets", "random,code", "--concurrency", "16"])
+    first, _, _ = bs.write_datasets(alone, Tok(), tmp_path / "alone")
+    assert one["counts"] == {"random": {16: 64}, "code": {16: 64}} and list(one["code"]["serve"]) == [16]
+    assert sent(one, 16) == sent(whole, 16) != sent(first, 16)
+    assert cell.level_list == [1, 4, 16, 64] and alone.level_list == [16]
+    with pytest.raises(SystemExit):
+        bs.parse_args(["--concurrency", "8", "--prompts-as", "1,4,16,64"])
