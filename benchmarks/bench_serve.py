@@ -360,9 +360,8 @@ def write_datasets(args: argparse.Namespace, tokenizer: Any, folder: Path) -> tu
         longest = max(longest, *lengths)
         counts = files["counts"][dataset] = {c: counts[c] for c in args.concurrency_list}
         serve = {}
-        for c, (start, count) in slices.items():
-            if c not in counts:
-                continue  # a level of --prompts-as this run does not run
+        for c in counts:  # the levels this run runs, each with its slice of the sweep over --prompts-as
+            start, count = slices[c]
             chosen = [prompts[(start + i) % len(prompts)] for i in range(count)]
             serve[c] = write_sharegpt_file(folder / f"{dataset}_c{c}.json", chosen)
         offline = [prompts[i % len(prompts)] for i in range(offline_count)]
