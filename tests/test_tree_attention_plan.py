@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from vllm_lookahead.backends.base import TreeRows
 from vllm_lookahead.backends.cpu import kernel as tree_kernel
 from vllm_lookahead.backends.cpu.layouts import split, torch_writer, vllm_writer, writer_runs
-from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan, ancestor_bitsets, supports
+from vllm_lookahead.backends.cpu.plan import (
+    PLAIN_ROWS_IN_KERNEL,
+    TreeAttentionPlan,
+    _causal_rows,
+    ancestor_bitsets,
+    supports,
+)
 from vllm_lookahead.backends.cpu.reference import apply_tree_attention, tree_attention
 
 pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the plain-torch path runs")
@@ -241,6 +247,36 @@ def test_other_cache_layouts_and_dtypes_go_to_the_reference_path():
     assert not supports(impl, layer, query.half(), kv_cache.half())
     md.causal = False
     assert TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_small_plain_requests_join_the_kernel_and_prompts_stay_on_the_stock_kernel(dtype):
+    """Decoding rows and a short chain beside a tree are computed by the compiled kernel (as causal trees); a prompt
+    longer than PLAIN_ROWS_IN_KERNEL stays on vLLM's stock kernel, alone."""
+    prompt = PLAIN_ROWS_IN_KERNEL + 1
+    reqs = [("plain", 40, 1), ("tree", 150, 9), ("plain", 30, 5), ("plain", 0, prompt), ("plain", 7, 1)]
+    step = make_step(reqs, dtype, 32, seed=6)
+    impl, layer, md, query, kv_cache, trees = step
+    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    assert plan is not None and plan.plain is not None
+    first = 1 + 9 + 5
+    assert plan.plain.rows.tolist() == list(range(first, first + prompt))
+    assert sorted(set(plan.keep[0][:, 7].tolist())) == [0, 1, 2, 4]  # the kernel's work items' requests
+    torch.testing.assert_close(fast(*step), reference(*step), **tolerance(dtype))
+    # decoding rows alone beside the tree: no stock kernel call at all
+    step = make_step([("plain", 40, 1), ("tree", 150, 9), ("plain", 3, 1)], dtype, 32, seed=7)
+    impl, layer, md, query, kv_cache, trees = step
+    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    assert plan is not None and plan.plain is None
+    torch.testing.assert_close(fast(*step), reference(*step), **tolerance(dtype))
+
+
+def test_plain_rows_stay_on_the_stock_kernel_where_the_layout_says_so():
+    """vLLM's AMX-tile kernel was not measured against the compiled one: there plain rows are not taken."""
+    impl, layer, md, query, kv_cache, trees = make_step([("plain", 40, 1), ("tree", 10, 4)], torch.bfloat16, 32, 0)
+    qsl, seq = md.query_start_loc.numpy(), md.seq_lens.numpy()
+    assert [r.req_index for r in _causal_rows(trees, layer, qsl, seq, md.num_actual_tokens)] == [0]
+    assert _causal_rows(trees, SimpleNamespace(isa="amx"), qsl, seq, md.num_actual_tokens) == []
 
 
 def test_a_tree_that_does_not_match_the_metadata_is_an_error():

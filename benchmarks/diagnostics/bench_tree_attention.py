@@ -10,7 +10,7 @@ default): `--requests` tree requests of T nodes (random trees) after a cached co
 
 - chain: vLLM's stock kernel over every row, tree rows read as causal chains (wrong for trees; the cost target);
 - reference: the plain-torch path (the stock kernel on every row, then the tree rows recomputed);
-- kernel: the plugin's fast path (the stock kernel on the plain rows, the compiled kernel on the tree rows);
+- kernel: the plugin's fast path (the compiled kernel on the tree rows and, in the vec layout, the decoding rows);
 - kernel + set-up: the same plus its per-step set-up spread over the model's layers (`--layers`, 30).
 
 Prints a table per dtype and saves a PNG (`--out`). No engine and no model: attention alone, on random data.

@@ -6,9 +6,10 @@ c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0
 where B is 1 when a scheduled tree branches. Up to the knee a step is bound by reading the weights, and a token more
 costs little (per_draft_below); past it by arithmetic, and each token costs per_draft. On a 2-core CPU at batch 1 a
 step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms; on a GPU, where a forward over many
-tokens costs little more than over one, the knee lies far out. B is the tree attention path's own price: on a CPU a
-branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer by layer, where a chain of drafts
-runs vLLM's kernel alone. The cost is convex in D (per_draft >= per_draft_below), which the sizing relies on.
+tokens costs little more than over one, the knee lies far out. B is the tree attention path's own price where it has
+one: on a CPU in the amx layout a branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer
+by layer, where a chain of drafts runs vLLM's kernel alone (in the vec layout the tree kernel takes every small
+request's rows, and the fit finds no price). The cost is convex in D (per_draft >= per_draft_below), which the sizing relies on.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The CPU backend (vLLM's CPU_ATTN): tree rows on the paged CPU KV cache.
 
 How a layer of a step with trees is computed:
-- the compiled kernel applies (`TreeAttentionPlan.build`): each row computed once, by vLLM's stock kernel for the
-  plain rows and by the tree kernel for the tree rows. The plan is built at the step's first layer and kept in the
-  step's `plans`, so the step's other layers only run it;
+- the compiled kernel applies (`TreeAttentionPlan.build`): each row computed once, by the tree kernel for the tree
+  rows (and, where the layout says so, the other requests' few rows) and by vLLM's stock kernel for the prompts.
+  The plan is built at the step's first layer and kept in the step's `plans`, so the step's other layers only run it;
 - otherwise: vLLM's forward over every row, then the tree rows recomputed in plain torch (`reference`).
 Accepted nodes' KV moves through `relocation`. Which caches it reads: `layouts`.
 """

@@ -51,6 +51,9 @@ class Layout:
     head_multiple: int
     key_at: Offsets
     value_at: Offsets
+    # Whether a step with trees computes its other small requests' rows (decoding, chains) in the compiled kernel too
+    # rather than beside it in vLLM's stock kernel (`plan.PLAIN_ROWS_IN_KERNEL`): where the kernel was measured faster.
+    kernel_takes_plain_rows: bool = False
 
     def offsets(self, block_size: int, head_size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """[block_size, head_size] long each: the region offsets of token t's dimension d, for keys and values."""
@@ -82,6 +85,7 @@ VEC = Layout(
     head_multiple=1,
     key_at=lambda t, d, bs, hs, p: d * bs + t,
     value_at=lambda t, d, bs, hs, p: t * hs + d,
+    kernel_takes_plain_rows=True,
 )
 AMX = Layout(
     name="amx",
@@ -95,6 +99,7 @@ AMX = Layout(
     value_at=lambda t, d, bs, hs, p: (
         (d // AMX_GROUP) * AMX_GROUP * bs + (t // p) * AMX_GROUP * p + (d % AMX_GROUP) * p + t % p
     ),
+    kernel_takes_plain_rows=False,  # not measured against vLLM's AMX-tile kernel
 )
 LAYOUTS: dict[str, Layout] = {"vec": VEC, "vec16": VEC, "amx": AMX}  # vLLM ISA -> its cache layout
 READABLE = tuple(LAYOUTS)  # the ISAs whose caches the tree path reads and writes

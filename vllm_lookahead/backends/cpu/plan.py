@@ -1,11 +1,15 @@
 """One step's attention with lookahead trees, computed once per row: the fast path of the CPU attention layer.
 
 Built at the step's first decoder layer (per attention metadata) and used by every layer of that step:
-- the plain requests' rows (and chains) go to vLLM's stock kernel, compacted: their query rows, query offsets,
-  sequence lengths and block table rows, with the kernel's scheduler metadata built for them;
 - every tree row goes to the compiled kernel (tree_kernel.py), which reads the request's cached prefix and the
-  row's ancestors in place from the paged cache, by one call per layer with a prepared argument block.
-So no row is computed twice, nothing is gathered or upcast, and per layer Python makes at most three calls.
+  row's ancestors in place from the paged cache, by one call per layer with a prepared argument block;
+- so do the other requests' rows where there are few of them (a decoding row, a chain of drafts: causal rows, at
+  most PLAIN_ROWS_IN_KERNEL), where the layout says the kernel computes them faster than vLLM's stock kernel
+  (`layouts.Layout.kernel_takes_plain_rows`);
+- the remaining plain rows (prompts) go to vLLM's stock kernel, compacted: their query rows, query offsets,
+  sequence lengths and block table rows, with the kernel's scheduler metadata built for them.
+So no row is computed twice, nothing is gathered or upcast, and per layer Python makes one call (at most three
+where a prompt shares the step).
 `TreeAttentionPlan.build` returns None where this path does not apply (no compiler, ALiBi, soft-cap, sliding
 window, sinks, a quantized KV cache, another dtype or a cache layout it does not read); the caller then uses the
 plain-torch path. The kernel reads the layouts `layouts` describes (vec / vec16, amx), told which by its arguments.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +35,23 @@ if TYPE_CHECKING:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl, CPUAttentionMetadata
 
 MAX_NODES_PER_ITEM = 16  # a work item's rows are at most this many nodes x the query heads of one KV head
+# A plain request with at most this many query rows (decoding, a chain of drafts) goes to the compiled kernel in a
+# step with trees, as a causal tree. One attention layer (`benchmarks/diagnostics/bench_tree_attention.py`, 2-core
+# AVX-512 host, bfloat16, context 256): a 4-node tree beside 3 decoding requests cost 82 us with the decoding rows on
+# the stock kernel (gathered, computed, scattered back) against 56 us for the stock kernel over every row as chains;
+# the compiled kernel alone over 4 or 16 one-row requests took 0.82-0.87x the stock kernel's time. Longer prompts
+# stay on the stock kernel, whose masks need no bitsets.
+PLAIN_ROWS_IN_KERNEL = MAX_NODES_PER_ITEM
+
+
+@dataclass(frozen=True)
+class CausalRows:
+    """A plain request's query rows (decoding, or a chain), each attending its prefix and the rows before it."""
+
+    req_index: int
+    q_start: int
+    num_nodes: int
+    seq_len: int
 
 
 def ancestor_bitsets(mask: torch.Tensor, words: int) -> np.ndarray:
@@ -40,16 +62,29 @@ def ancestor_bitsets(mask: torch.Tensor, words: int) -> np.ndarray:
     return padded.view("<u8")
 
 
-def work_items(trees: Sequence[TreeRows], num_kv_heads: int, num_threads: int) -> tuple[np.ndarray, np.ndarray]:
+@cache
+def causal_bitsets(n: int, words: int) -> np.ndarray:
+    """[n, words] uint64: row u attends rows 0..u (a chain's ancestor bitsets)."""
+    return ancestor_bitsets(torch.ones(n, n, dtype=torch.bool).tril(), words)
+
+
+def work_items(
+    trees: Sequence[TreeRows | CausalRows], num_kv_heads: int, num_threads: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's work items ([items, 8] int32: q_start, n, prefix, first node, end node, mask row, KV head,
-    request row) and the ancestor bitsets of all trees' nodes, stacked.
+    request row) and the ancestor bitsets of all trees' nodes, stacked (a plain request's: causal).
 
     A tree is cut into chunks of at most MAX_NODES_PER_ITEM nodes, into more where there are too few items to keep
     every thread busy; items are ordered biggest first for the kernel's dynamic schedule.
     """
     sizes = [t.num_nodes for t in trees]
     words = (max(sizes) + 63) // 64
-    masks = np.concatenate([ancestor_bitsets(t.mask, words) for t in trees])
+    masks = np.concatenate(
+        [
+            ancestor_bitsets(t.mask, words) if isinstance(t, TreeRows) else causal_bitsets(t.num_nodes, words)
+            for t in trees
+        ]
+    )
     chunks = [-(-n // MAX_NODES_PER_ITEM) for n in sizes]
     total = sum(chunks) * num_kv_heads
     if total < 2 * num_threads:
@@ -137,7 +172,8 @@ class TreeAttentionPlan:
             r = t.req_index
             if qsl[r] != t.q_start or qsl[r + 1] - qsl[r] != t.num_nodes or seq[r] != t.seq_len:
                 raise RuntimeError(f"vllm-lookahead: a tree's rows do not match the attention metadata ({t})")
-        items, masks = work_items(trees, impl.num_kv_heads, torch.get_num_threads())
+        causal = _causal_rows(trees, layer, qsl, seq, attn_metadata.num_actual_tokens)
+        items, masks = work_items([*trees, *causal], impl.num_kv_heads, torch.get_num_threads())
         block_table = attn_metadata.block_table
         if block_table.dtype != torch.int32 or not block_table.is_contiguous():
             block_table = block_table.to(torch.int32).contiguous()
@@ -161,7 +197,7 @@ class TreeAttentionPlan:
         for name, value in values.items():
             args[tree_kernel.ARGS.index(name)] = value
         num_tokens = attn_metadata.num_actual_tokens
-        plain = _plain_rows(trees, impl, layer, query.dtype, attn_metadata, num_tokens)
+        plain = _plain_rows([*trees, *causal], impl, layer, query.dtype, attn_metadata, num_tokens)
         return cls(kernel, args, (items, masks, block_table), num_tokens, plain)
 
     def forward(
@@ -213,8 +249,25 @@ class TreeAttentionPlan:
         self.kernel.layer(self.args.ctypes.data, query.data_ptr(), kv_cache.data_ptr(), out3.data_ptr())
 
 
+def _causal_rows(
+    trees: Sequence[TreeRows], layer: Attention, qsl: np.ndarray, seq: np.ndarray, num_tokens: int
+) -> list[CausalRows]:
+    """The plain requests the compiled kernel computes beside the trees: those of at most PLAIN_ROWS_IN_KERNEL rows,
+    where the layout says so."""
+    if not layouts.layout_of(layer.isa).kernel_takes_plain_rows:
+        return []
+    num_reqs = len(qsl) - 1
+    in_trees = {t.req_index for t in trees}
+    rows = []
+    for r in range(num_reqs):
+        n = int(qsl[r + 1] - qsl[r])
+        if r not in in_trees and 0 < n <= PLAIN_ROWS_IN_KERNEL and qsl[r + 1] <= num_tokens:
+            rows.append(CausalRows(r, int(qsl[r]), n, int(seq[r])))
+    return rows
+
+
 def _plain_rows(
-    trees: Sequence[TreeRows],
+    trees: Sequence[TreeRows | CausalRows],
     impl: CPUAttentionBackendImpl,
     layer: Attention,
     dtype: torch.dtype,
