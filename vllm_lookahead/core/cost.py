@@ -9,7 +9,8 @@ step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms
 tokens costs little more than over one, the knee lies far out. B is the tree attention path's own price where it has
 one: on a CPU in the amx layout a branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer
 by layer, where a chain of drafts runs vLLM's kernel alone (in the vec layout the tree kernel takes every small
-request's rows, and the fit finds no price). The cost is convex in D (per_draft >= per_draft_below), which the sizing relies on.
+request's rows, and the fit finds no price). The cost is convex in D (per_draft >= per_draft_below), which the
+sizing relies on.
 """
 
 from __future__ import annotations
