@@ -432,62 +432,21 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
     assert_step_is_autoregressive(exact_draw_distribution(tree, _node_probs(tree, target)), tree, target, vocab)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_row_argmax_takes_the_argmax_vllm_greedy_sampling_takes(dtype):
-    """Ties go to the first maximal index and NaN counts as the largest, as in vLLM's `argmax(-1)` of the float32
-    logits; rows are read as they are laid out (a transposed view too)."""
-    from vllm_lookahead.core.verify import row_argmax
-
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randint(-3, 4, (40, 257), generator=g).to(dtype)  # few distinct values: ties in every row
-    logits[5, 100] = float("nan")
-    logits[6, :] = float("-inf")
-    logits[7, 3] = logits[7, 200] = 1000.0
-    expected = logits.to(torch.float32).argmax(-1).tolist()
-    assert row_argmax(logits) == expected
-    assert expected[5] == 100 and expected[6] == 0 and expected[7] == 3
-    view = logits.t().contiguous().t()
-    assert not view.is_contiguous() and row_argmax(view) == expected
-
-
-def test_trees_argmax_reads_only_their_own_rows_where_they_are_few(monkeypatch):
-    """Verification takes the argmax of the scheduled trees' rows: each tree gets its own rows' argmax, in the trees'
-    order, whichever rows the others hold. Where the trees hold under a third of the rows (a large batch, most
-    requests without a tree) only their rows are gathered and reduced; else every row is reduced, without a copy."""
+def test_trees_argmax_reads_only_their_own_rows(monkeypatch):
+    """Verification takes the argmax of the scheduled trees' rows alone, in one call: each tree gets its own rows'
+    argmax, in the trees' order, whichever rows the others hold (at a large batch most requests carry no tree)."""
     import vllm_lookahead.glue.verification as verification
 
-    reduced: list[int] = []
+    asked: list[list[int]] = []
     real = verification.row_argmax
-    monkeypatch.setattr(verification, "row_argmax", lambda rows: (reduced.append(rows.shape[0]), real(rows))[1])
+    monkeypatch.setattr(verification, "row_argmax", lambda logits, rows: (asked.append(rows), real(logits, rows))[1])
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(12, 50, generator=g)
     full = logits.argmax(-1).tolist()
     spans = [(7, 3), (0, 2), (4, 1)]  # not in row order, rows 2-3, 5-6 and 10-11 belong to no tree
     assert verification._tree_argmax(logits, spans) == [full[7:10], full[0:2], full[4:5]]
+    assert asked == [[7, 8, 9, 0, 1, 4]]
     assert verification._tree_argmax(logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]
-    assert reduced == [12, 12]
-    assert verification._tree_argmax(logits, [(9, 2), (3, 1)]) == [full[9:11], full[3:4]]
-    assert reduced[-1] == 3  # 3 rows of 12: gathered
+    assert verification._tree_argmax(logits, [(1, 2)], every=full) == [full[1:3]]  # already taken: not again
+    assert len(asked) == 2
     assert verification._tree_argmax(logits, []) == []
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [50, 1000, 4096, 151936])
-def test_row_topk_is_each_rows_top_k(dtype, vocab):
-    """The block-first top k gives what torch's topk gives: the k largest of each row, largest first (compared by
-    value: bfloat16 rows tie often, and then either tied token is right)."""
-    from vllm_lookahead.core.verify import row_topk
-
-    gen = torch.Generator().manual_seed(vocab)
-    for n in (2, 5):  # torch's own topk for a few rows, the blocks for more
-        rows = torch.randn(n, vocab, generator=gen).to(dtype)
-        rows[1, 7] = 50.0  # one block holding several of a row's best
-        rows[1, 8] = 40.0
-        rows[1, 9] = 30.0
-        for k in (1, 8):
-            got = row_topk(rows, k)
-            want = rows.topk(k, dim=-1).values
-            assert [len(r) for r in got] == [k] * n
-            assert all(len(set(r)) == k for r in got)
-            assert torch.equal(torch.stack([rows[i, got[i]] for i in range(n)]), want)
-        assert row_topk(rows, 8)[1][:3] == [7, 8, 9]

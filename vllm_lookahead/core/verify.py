@@ -14,46 +14,6 @@ import torch
 from vllm_lookahead.core.tree import StepTree
 
 
-def row_argmax(logits: torch.Tensor) -> list[int]:
-    """Each row's argmax as vLLM's greedy sampler takes it (`argmax(-1)` of the float32 logits): the first maximal
-    index, NaN counting as the largest. numpy's argmax follows the same rule and runs several times faster than
-    torch's on a CPU (about 0.06 against 0.4 ms for 20 rows of a 49k vocabulary)."""
-    if logits.device.type != "cpu":  # a GPU's logits: torch's argmax, the same rule, on the device
-        return logits.to(torch.float32).argmax(-1).tolist()
-    return logits.to(torch.float32).numpy().argmax(-1).tolist()
-
-
-# The vocabulary's blocks `row_topk` reduces first: the top k tokens lie in the k blocks with the largest maxima.
-TOPK_BLOCK = 128
-# Below this vocabulary size, and for at most FEW_ROWS rows, torch's own topk is faster than going through the blocks.
-# Timed right after a forward pass, as verification runs it (2-core AVX-512 CPU, bfloat16 and float32): 49k tokens,
-# 1-4 rows, 85-137 us against 136-207 through the blocks; 16 rows 373-418 against 269-348; 152k tokens, 1-4 rows,
-# 218-431 against 161-279.
-BLOCKED_FROM = 100_000
-FEW_ROWS = 4
-
-
-def row_topk(rows: torch.Tensor, k: int) -> list[list[int]]:
-    """Each row's k largest tokens, largest first (as `rows.topk(k).indices`, ties aside). On a CPU torch's topk
-    over a large vocabulary is slow: there each row's block maxima are found first, and the top k taken among the k
-    best blocks' tokens. Every token at least the k-th largest lies in a block whose maximum is too, and at most k
-    blocks have such a maximum. bfloat16 rows are made float32 first (exactly): torch's block maxima over bfloat16
-    take six times as long on a CPU."""
-    r, v = rows.shape
-    if (v < BLOCKED_FROM and r <= FEW_ROWS) or k >= v // TOPK_BLOCK:
-        return rows.topk(min(k, v), dim=-1).indices.tolist()
-    if rows.device.type == "cpu" and rows.dtype != torch.float32:
-        rows = rows.to(torch.float32)
-    pad = (-v) % TOPK_BLOCK
-    if pad:
-        rows = torch.nn.functional.pad(rows, (0, pad), value=float("-inf"))
-    blocks = rows.view(r, -1, TOPK_BLOCK)
-    best = blocks.amax(-1).topk(k, dim=-1).indices  # [r, k] block ids
-    tokens = blocks.gather(1, best.unsqueeze(-1).expand(r, k, TOPK_BLOCK)).reshape(r, k * TOPK_BLOCK)
-    top = tokens.topk(k, dim=-1).indices  # positions among the best blocks' tokens
-    return (best.gather(1, top // TOPK_BLOCK) * TOPK_BLOCK + top % TOPK_BLOCK).tolist()
-
-
 def greedy_verify(tree: StepTree, argmax: Sequence[int]) -> tuple[list[int], list[int]]:
     """Longest root path whose every token equals the target's argmax at its parent, plus the bonus.
 

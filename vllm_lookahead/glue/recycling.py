@@ -10,7 +10,7 @@ import torch
 from vllm_lookahead.core.acceptance import AcceptanceStats
 from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.tree import Source
-from vllm_lookahead.core.verify import row_topk
+from vllm_lookahead.glue.logit_rows import row_topk
 
 
 class RecyclingGate:
@@ -48,7 +48,7 @@ class RecyclingGate:
         if self.recycle is None or not self.pays or not want:
             return {}
         rows = [row0[i] + u for i in want for u in paths[i]]
-        top = row_topk(logits.index_select(0, torch.tensor(rows, device=logits.device)), self.recycle.top_k)
+        top = row_topk(logits, self.recycle.top_k, rows)
         out, at = {}, 0
         for i in want:
             out[i] = top[at : at + len(paths[i])]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead.core.verify import row_argmax
+from vllm_lookahead.glue.logit_rows import row_argmax
 
 if TYPE_CHECKING:
     from vllm.v1.outputs import LogprobsTensors, SamplerOutput

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from vllm_lookahead.core.tree import StepTree
-from vllm_lookahead.core.verify import draw_verify, greedy_verify, row_argmax
+from vllm_lookahead.core.verify import draw_verify, greedy_verify
+from vllm_lookahead.glue.logit_rows import row_argmax
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
 from vllm_lookahead.glue.sampling import first_rows
@@ -103,28 +104,17 @@ def verify_step(
     return paths
 
 
-# Gathering a logits row costs about twice its argmax on a CPU (16 rows of a 49k vocabulary: 92 against 42 us): where
-# the spans hold at least 1 / ALL_ROWS_SHARE of the rows, every row's argmax is taken and the spans' read off it.
-ALL_ROWS_SHARE = 3
-
-
 def _tree_argmax(logits: torch.Tensor, spans: list[tuple[int, int]], every: list[int] | None = None) -> list[list[int]]:
-    """The argmax of each (first row, rows) span of the logits, from one `row_argmax`: over every row where the spans
-    hold at least a third of them (at a small batch most requests carry a tree), else over the spans' rows alone (at
-    a large batch most requests carry none). `every`: every row's, already taken."""
-    if every is not None:
-        return [every[first : first + n] for first, n in spans]
-    total = logits.shape[0]
-    if sum(n for _, n in spans) * ALL_ROWS_SHARE >= total:
-        every = row_argmax(logits)
-        return [every[first : first + n] for first, n in spans]
-    rows = [r for first, n in spans for r in range(first, first + n)]
-    flat = row_argmax(logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device)))
-    out, at = [], 0
-    for _, n in spans:
-        out.append(flat[at : at + n])
-        at += n
-    return out
+    """The argmax of each (first row, rows) span of the logits, from one `row_argmax` over the spans' rows alone (at a
+    large batch most requests carry no tree: their rows are not read). `every`: every row's, already taken."""
+    if every is None:
+        flat = row_argmax(logits, [r for first, n in spans for r in range(first, first + n)])
+        out, at = [], 0
+        for _, n in spans:
+            out.append(flat[at : at + n])
+            at += n
+        return out
+    return [every[first : first + n] for first, n in spans]
 
 
 def _slot(blocks: np.ndarray, block_size: int, req_index: int, position: int) -> int:

@@ -1,6 +1,7 @@
-"""The compiled tree-attention kernel (csrc/tree_attention.cpp): built with the system C++ compiler, loaded by ctypes.
+"""The compiled CPU library: the tree-attention kernel and the KV moves (csrc/tree_attention.cpp) and the logits rows'
+top entries (csrc/row_select.cpp), built with the system C++ compiler into one library, loaded by ctypes.
 
-The source has no torch headers, so it builds in a few seconds with `g++ -O3 -fopenmp`; the shared library is
+The sources have no torch headers, so it builds in a few seconds with `g++ -O3 -fopenmp`; the shared library is
 cached on disk keyed by source, compiler and flags, so a CPU-specific build is never reused on another CPU. `make`
 set-up builds it (`python -m vllm_lookahead.backends.cpu.kernel`); otherwise the first lookahead step does. Its OpenMP
 calls bind to the runtime the process already has (vLLM preloads torch's libgomp or Intel's libiomp5, which
@@ -29,8 +30,9 @@ from vllm_lookahead.cache import cache_root
 
 logger = logging.getLogger("vllm_lookahead")
 
-SOURCE = Path(__file__).with_name("csrc") / "tree_attention.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("tree_attention.cpp", "row_select.cpp"))
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=fast")
+ROW_DTYPES = (torch.float32, torch.bfloat16)  # what `top_k` reads
 HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # the source's DISPATCH list
 # The int64 argument block of `tree_attn_layer`, in the source's order (scale travels as its float32 bits; layout
 # is the cache's `layouts.Layout.kernel_code`; the strides come last, set by the step's first layer).
@@ -65,7 +67,7 @@ def build() -> Path:
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     flags = (*BASE_FLAGS, *isa_flags())
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join((cxx, *flags)).encode()).hexdigest()[:16]
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -74,7 +76,7 @@ def build() -> Path:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
         os.close(fd)
         try:
-            subprocess.run([cxx, *flags, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+            subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
             os.replace(tmp, lib)  # atomic: workers building at once race harmlessly
         except subprocess.CalledProcessError as e:
             raise RuntimeError(f"building the tree-attention kernel failed:\n{e.stderr}") from e
@@ -86,7 +88,7 @@ def build() -> Path:
 
 class TreeKernel:
     """The loaded library: `layer(args, q, kv, out)` runs one attention layer's tree rows; `move_slots` moves
-    accepted nodes' K/V in every layer's cache at once."""
+    accepted nodes' K/V in every layer's cache at once; `top_k` takes logits rows' largest entries."""
 
     def __init__(self, path: Path) -> None:
         self._lib = ctypes.CDLL(str(path))
@@ -99,6 +101,11 @@ class TreeKernel:
         move.restype = ctypes.c_int
         self._move = move
         self.vector_width: int = self._lib.tree_attn_vector_width()
+        top = self._lib.rows_top_k
+        top.argtypes = [ctypes.c_void_p] * 4
+        top.restype = ctypes.c_int
+        self._top = top
+        self.max_k: int = self._lib.rows_top_k_max()
 
     def layer(self, args_ptr: int, q_ptr: int, kv_ptr: int, out_ptr: int) -> None:
         rc = self._fn(args_ptr, q_ptr, kv_ptr, out_ptr)
@@ -121,6 +128,34 @@ class TreeKernel:
         rc = self._move(sizes.ctypes.data, ptrs.ctypes.data, src_a.ctypes.data, dst_a.ctypes.data)
         if rc:
             raise RuntimeError(f"KV move kernel refused its arguments (code {rc})")
+
+    def top_k(self, matrix: torch.Tensor, k: int, rows: Sequence[int] | None = None) -> np.ndarray:
+        """The indices of the k largest entries of each row of `matrix` (of its `rows`, in that order, where given),
+        largest first, as a [rows, k] int64 array: NaN above every number, of equal values the lower index first
+        (k = 1: vLLM's greedy argmax). `matrix`: a CPU float32 or bfloat16 matrix whose rows are contiguous
+        (`takes_rows`); k at most its columns and `max_k`."""
+        if not takes_rows(matrix):
+            raise ValueError(
+                f"vllm-lookahead: top_k takes CPU float32/bfloat16 rows, not {matrix.dtype} {matrix.shape}"
+            )
+        count, cols = matrix.shape
+        index = None if rows is None else np.asarray(rows, np.int64)
+        if index is not None:
+            if len(index) and (index.min() < 0 or index.max() >= count):
+                raise ValueError("vllm-lookahead: top_k rows outside the matrix")
+            count = len(index)
+        out = np.empty((count, k), np.int64)
+        if count:
+            sizes = np.array([count, cols, matrix.stride(0), matrix.dtype == torch.bfloat16, k], np.int64)
+            at = None if index is None else index.ctypes.data
+            if self._top(sizes.ctypes.data, matrix.data_ptr(), at, out.ctypes.data):
+                raise ValueError(f"vllm-lookahead: top_k's k={k} is outside 1..min({cols}, {self.max_k})")
+        return out
+
+
+def takes_rows(matrix: torch.Tensor) -> bool:
+    """Whether `TreeKernel.top_k` reads this matrix: CPU, float32 or bfloat16, two dimensions, contiguous rows."""
+    return matrix.dim() == 2 and matrix.device.type == "cpu" and matrix.dtype in ROW_DTYPES and matrix.stride(1) == 1
 
 
 @cache
