@@ -75,12 +75,12 @@ def verify_step(
     # a large batch most requests carry no tree and vLLM's sampler has drawn their one row.
     argmax_of = _tree_argmax(logits, [(row0[s.req_index], s.tree.num_nodes) for s in step.scheduled], argmax)
     verified: list[Verified] = []
-    for s, argmax in zip(step.scheduled, argmax_of, strict=True):
+    for s, tree_argmax in zip(step.scheduled, argmax_of, strict=True):
         n = s.tree.num_nodes
         first_row = row0[s.req_index]
         greedy = is_greedy(md, s.req_index)
         if greedy:
-            accepted, tokens = greedy_verify(s.tree, argmax)
+            accepted, tokens = greedy_verify(s.tree, tree_argmax)
         else:
             first = int(out_rows[s.req_index, 0]) if first_rows_sampled else None
             rows = logits[first_row : first_row + n]
@@ -92,7 +92,7 @@ def verify_step(
             if u != d:  # node u sits at the slot of position P+u; vLLM expects depth d at P+d
                 moves_src.append(_slot(blocks, block_size, s.req_index, s.prefix_len + u))
                 moves_dst.append(_slot(blocks, block_size, s.req_index, s.prefix_len + d))
-        verified.append(Verified(s, argmax, accepted, tokens, greedy))
+        verified.append(Verified(s, tree_argmax, accepted, tokens, greedy))
     want = [v.scheduled.req_index for v in verified if _recycles(requests, v.scheduled)]
     top = recycling.path_top(logits, row0, paths, want)
     for v in verified:
