@@ -30,7 +30,9 @@ from vllm_lookahead.cache import cache_root
 
 logger = logging.getLogger("vllm_lookahead")
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("tree_attention.cpp", "row_select.cpp"))
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = (CSRC / "tree_attention.cpp", CSRC / "row_select.cpp")
+HEADERS = (CSRC / "vectors.h",)  # included by the sources: part of the build's cache key
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno", "-ffp-contract=fast")
 ROW_DTYPES = (torch.float32, torch.bfloat16)  # what `top_k` reads
 HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256)  # the source's DISPATCH list
@@ -67,7 +69,7 @@ def build() -> Path:
     if cxx is None:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     flags = (*BASE_FLAGS, *isa_flags())
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     key = hashlib.sha256(source + " ".join((cxx, *flags)).encode()).hexdigest()[:16]
     out_dir = cache_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -79,7 +81,7 @@ def build() -> Path:
             subprocess.run([cxx, *flags, *map(str, SOURCES), "-o", tmp], check=True, capture_output=True, text=True)
             os.replace(tmp, lib)  # atomic: workers building at once race harmlessly
         except subprocess.CalledProcessError as e:
-            raise RuntimeError(f"building the tree-attention kernel failed:\n{e.stderr}") from e
+            raise RuntimeError(f"building the compiled CPU library failed:\n{e.stderr}") from e
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)

@@ -10,43 +10,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "vectors.h"
+
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int RW = 16;
-#elif defined(__AVX2__) || defined(__AVX__)
-constexpr int RW = 8;
-#else
-constexpr int RW = 4;
-#endif
 constexpr int MAX_K = 64;
 constexpr int UNROLL = 4;  // vectors compared per branch
-
-typedef float rvf __attribute__((vector_size(RW * 4)));
-typedef int32_t rvi __attribute__((vector_size(RW * 4)));
-typedef uint32_t rvu __attribute__((vector_size(RW * 4)));
-typedef uint16_t rvh __attribute__((vector_size(RW * 2)));
-
-static inline float to_f32(float x) { return x; }
-static inline float to_f32(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-static inline rvf load_rv(const float* p) {
-  rvf v;
-  memcpy(&v, p, sizeof(v));
-  return v;
-}
-static inline rvf load_rv(const uint16_t* p) {
-  rvh h;
-  memcpy(&h, p, sizeof(h));
-  const rvu u = __builtin_convertvector(h, rvu) << 16;
-  rvf v;
-  memcpy(&v, &u, sizeof(v));
-  return v;
-}
 
 // a before b: NaN above every number; equal values keep their arrival (index) order.
 static inline bool above(float a, float b) {
@@ -76,27 +45,26 @@ template <typename T>
 static void row_top(const T* p, int64_t n, int k, int64_t* out) {
   Best best(k);
   int64_t i = 0;
-  for (; i < n && best.n < k; ++i) best.offer(to_f32(p[i]), i);
-  constexpr int64_t STEP = RW * UNROLL;
+  for (; i < n && best.n < k; ++i) best.offer(load1(p + i), i);
+  constexpr int64_t STEP = VW * UNROLL;
   for (; i + STEP <= n; i += STEP) {
     const float kth = best.v[k - 1];
-    rvf thr = {};
-    thr += kth;
+    vf thr = splat(kth);
     // every entry <= the k-th best (false for NaN): nothing here can enter
-    rvi le = load_rv(p + i) <= thr;
-    for (int u = 1; u < UNROLL; ++u) le &= load_rv(p + i + u * RW) <= thr;
+    vi le = loadv(p + i) <= thr;
+    for (int u = 1; u < UNROLL; ++u) le &= loadv(p + i + u * VW) <= thr;
     int32_t all = -1;
-    for (int j = 0; j < RW; ++j) all &= le[j];
+    for (int j = 0; j < VW; ++j) all &= le[j];
     if (all) continue;
     // only the entries above the k-th best (as it rises) are offered
-    for (int64_t at = i; at < i + STEP; at += RW) {
-      thr = (rvf){} + best.v[k - 1];
-      const rvi in = load_rv(p + at) <= thr;
-      for (int j = 0; j < RW; ++j)
-        if (!in[j]) best.offer(to_f32(p[at + j]), at + j);
+    for (int64_t at = i; at < i + STEP; at += VW) {
+      thr = splat(best.v[k - 1]);
+      const vi in = loadv(p + at) <= thr;
+      for (int j = 0; j < VW; ++j)
+        if (!in[j]) best.offer(load1(p + at + j), at + j);
     }
   }
-  for (; i < n; ++i) best.offer(to_f32(p[i]), i);
+  for (; i < n; ++i) best.offer(load1(p + i), i);
   for (int j = 0; j < k; ++j) out[j] = best.at[j];
 }
 

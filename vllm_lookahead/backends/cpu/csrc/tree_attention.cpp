@@ -21,23 +21,17 @@
 #include <string.h>
 #include <math.h>
 
+#include "vectors.h"
+
 namespace {
 
 #if defined(__AVX512F__)
-constexpr int VW = 16;
 constexpr int QK_R = 6, QK_KT = 2, PV_R = 6, PV_NVC = 4;
 #elif defined(__AVX2__) || defined(__AVX__)
-constexpr int VW = 8;
 constexpr int QK_R = 4, QK_KT = 2, PV_R = 3, PV_NVC = 4;
 #else
-constexpr int VW = 4;
 constexpr int QK_R = 4, QK_KT = 2, PV_R = 2, PV_NVC = 4;
 #endif
-
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-typedef uint16_t vh __attribute__((vector_size(VW * 2)));
 
 enum { LAYOUT_VEC = 0, LAYOUT_AMX = 1 };
 constexpr int AMX_G = 16;  // an AMX tile row: 16 words (keys grouped by 16 tokens, values by 16 dimensions)
@@ -47,22 +41,6 @@ constexpr int KSTEP = Lay == LAYOUT_AMX ? 2 : 1;
 template <int Lay>
 constexpr int VSTEP = Lay == LAYOUT_AMX ? 2 : 1;
 
-static inline vf splat(float s) {
-  vf v = {};
-  return v + s;
-}
-static inline vf loadv(const float* p) {
-  vf v;
-  memcpy(&v, p, sizeof(v));
-  return v;
-}
-static inline vf loadv(const uint16_t* p) {
-  vh h;
-  memcpy(&h, p, sizeof(h));
-  vu u = __builtin_convertvector(h, vu) << 16;
-  return (vf)u;
-}
-static inline void storev(float* p, vf v) { memcpy(p, &v, sizeof(v)); }
 // VW words of bf16 pairs: the low halves' floats and the high halves'
 static inline void load_pairs(const uint16_t* p, vf& lo, vf& hi) {
   vu u;
@@ -71,13 +49,6 @@ static inline void load_pairs(const uint16_t* p, vf& lo, vf& hi) {
   hi = (vf)(u & 0xFFFF0000u);
 }
 static inline void load_pairs(const float*, vf&, vf&) { __builtin_unreachable(); }  // amx is bf16 only
-static inline float load1(const float* p) { return *p; }
-static inline float load1(const uint16_t* p) {
-  uint32_t b = (uint32_t)(*p) << 16;
-  float f;
-  memcpy(&f, &b, 4);
-  return f;
-}
 static inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 static inline float hmax(vf v) {
   float m = v[0];
