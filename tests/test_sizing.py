@@ -149,6 +149,24 @@ def test_a_knee_on_a_handful_of_steps_is_not_fitted():
     assert 96 <= m.knee <= 256 and m.per_draft == pytest.approx(0.0009, rel=0.3)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_request_never_costs_less_than_a_draft_token(seed):
+    """A large batch that seldom drafts: every step costs 1.2 ms a row, and the few steps that carry drafts run 8%
+    slower by chance. The rows' price is what the many steps measure; left free, the split between a request and a
+    draft rested on the few drafted steps and priced a draft at 1.5-1.8 ms and a request below nothing, so that the
+    sizing drafted nothing. A request costs at least its own row's price: a draft is priced at the row's."""
+    rng = random.Random(seed)
+    cost = StepCost()
+    for _ in range(300):
+        r = 64 if rng.random() < 0.6 else rng.randint(1, 63)
+        d = rng.randint(1, 12) if rng.random() < 0.06 else 0
+        cost.observe(r, d, False, (0.016 + 0.0012 * (r + d)) * rng.uniform(0.93, 1.07) * (1.08 if d else 1.0))
+    m = cost.coefficients()
+    assert m.per_request >= 0
+    assert cost.marginal(64, 0) == pytest.approx(0.0012, rel=0.1)
+    assert cost.seconds(64, 0) == pytest.approx(0.016 + 0.0012 * 64, rel=0.05)
+
+
 @pytest.mark.parametrize("knee", [4, 6, 12, 96])
 def test_step_cost_finds_where_tokens_start_to_cost(knee):
     """A step bound by reading the weights costs about the same for a few tokens and then a price per token (this
