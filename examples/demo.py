@@ -7,9 +7,30 @@ prompts; print lookahead's text, both runs' tokens/s and tokens per target forwa
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
+import re
+import sys
+import threading
 import time
+import warnings
+
+# What vLLM 0.32 prints on its own that a reader of the demo cannot act on, dropped by exact message (vLLM's engine
+# processes are spawned: they run this module's top level too, as __mp_main__, so these two filters hold there):
+# - at import, before vLLM configures its logging: Triton without a CPU backend (the `dev` extra installs Triton for
+#   the CUDA kernel's tests; vLLM on a CPU runs without it either way);
+# - vLLM's Triton dispatcher reading `torch.distributed.reduce_op` while it scans the loaded modules.
+logging.getLogger("vllm.triton_utils.importing").addFilter(
+    lambda record: not record.getMessage().startswith("Triton is installed, but doesn't include CPU backend")
+)
+warnings.filterwarnings(
+    "ignore", r"`torch\.distributed\.reduce_op` is deprecated", FutureWarning, r"vllm\.triton_utils\.dispatcher"
+)
+# - vLLM's CPU worker saying which NUMA policy it binds memory with: a C++ warning written to the stderr file, so it is
+#   dropped from the engine processes' stderr by `quiet_stderr`.
+QUIET_LINES = (re.compile(rb"^\[W\S+ \S+ utils\.cpp:\d+\] Warning: NUMA binding: Using \w+ policy for memory alloc"),)
 
 PROMPTS = [
     "What is the capital of France?",
@@ -29,9 +50,39 @@ def tokens_per_forward(llm) -> float | None:
     return generated / (generated - accepted)
 
 
+@contextlib.contextmanager
+def quiet_stderr(drop=QUIET_LINES):
+    """Within: every line written to this process's stderr file, and so its children's, passes unless it matches
+    `drop`. The multiprocessing resource tracker starts before, so that what it says at exit goes out unfiltered."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def pump() -> None:
+        with open(read, "rb", buffering=0) as lines:
+            for line in lines:
+                if not any(p.search(line) for p in drop):
+                    os.write(saved, line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe ends when the last engine process holding it has exited
+        thread.join(timeout=10)
+        os.close(saved)
+
+
 def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tuple[list, float, float | None, str]:
     """One engine's outputs for PROMPTS (after a warm-up), the seconds they took, its tokens per forward, and which
-    attention path lookahead ran ("" without lookahead)."""
+    attention path lookahead ran ("" without lookahead). The engine is shut down before it returns."""
     import gc
 
     from vllm import LLM, SamplingParams
@@ -44,17 +95,22 @@ def generate(model: str, dtype: str, max_tokens: int, spec: dict | None) -> tupl
         enforce_eager=True,
         speculative_config=spec,
         disable_log_stats=False,
+        use_tqdm_on_load=False,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
-    llm.chat(conversations[:1], params, use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outputs = llm.chat(conversations, params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    tpf = tokens_per_forward(llm) if spec else 1.0
-    path = llm.collective_rpc("lookahead_stats")[0]["backend"] if spec else ""
-    del llm  # its engine goes before the next one starts
-    gc.collect()
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        conversations = [[{"role": "user", "content": p}] for p in PROMPTS]
+        llm.chat(conversations[:1], params, use_tqdm=False)  # warm-up
+        start = time.perf_counter()
+        outputs = llm.chat(conversations, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        tpf = tokens_per_forward(llm) if spec else 1.0
+        path = llm.collective_rpc("lookahead_stats")[0]["backend"] if spec else ""
+    finally:
+        # Its engine processes stop, and free what they share with this one, before the next engine starts.
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
     return outputs, elapsed, tpf, path
 
 
@@ -76,9 +132,10 @@ def main() -> None:
     model = args.model or default_model_path()
     spec = {"method": "lookahead", **json.loads(args.config)}
     runs = {}
-    if not args.no_plain:
-        runs["plain decoding"] = generate(model, args.dtype, args.max_tokens, None)
-    runs["lookahead"] = generate(model, args.dtype, args.max_tokens, spec)
+    with quiet_stderr():
+        if not args.no_plain:
+            runs["plain decoding"] = generate(model, args.dtype, args.max_tokens, None)
+        runs["lookahead"] = generate(model, args.dtype, args.max_tokens, spec)
 
     outputs = runs["lookahead"][0]
     for prompt, out in zip(PROMPTS, outputs, strict=True):
@@ -98,7 +155,7 @@ def main() -> None:
         )
         note = "" if args.dtype == "float32" else f" (exact in float32; {args.dtype} rounds differently)"
         ratio = speed["lookahead"] / speed["plain decoding"]
-        print(f"  lookahead / plain decoding: {ratio:.2f}x tokens/s; outputs identical for {same}/{len(PROMPTS)}{note}")
+        print(f"\nlookahead / plain decoding: {ratio:.2f}x tokens/s; outputs identical for {same}/{len(PROMPTS)}{note}")
 
 
 if __name__ == "__main__":
