@@ -39,7 +39,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.devtools import bench
+from vllm_lookahead.devtools import bench, server
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
@@ -276,9 +276,8 @@ class LiveWorker:
             old.unlink()
         script = [sys.executable, os.path.abspath(__file__), *argv]
         cmd = [*(cmd or script), "--worker", method, "--result-file", str(self.base)]
-        self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        # A process group of its own: its engine's processes are stopped, resumed and killed with it.
+        self.proc = server.spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.tail = bytearray()
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
@@ -293,10 +292,7 @@ class LiveWorker:
 
     def _signal(self, sig: signal.Signals) -> None:
         """To the worker's process group: its engine's processes too (they inherit it; the worker leads its own)."""
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
+        server.signal_group(self.proc, sig)
 
     def _pump(self) -> None:
         assert self.proc.stdout is not None
@@ -346,10 +342,7 @@ class LiveWorker:
         except (subprocess.TimeoutExpired, BrokenPipeError):
             pass
         finally:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            server.stop(self.proc)
             self._reader.join(timeout=10)
 
 

@@ -78,13 +78,11 @@ without rerunning it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -97,8 +95,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_lookahead.devtools import bench
+from vllm_lookahead.devtools import server as devserver
+from vllm_lookahead.devtools.server import http_get, log_tail
 
-HOST = "127.0.0.1"
+HOST = devserver.HOST
 # The methods every benchmark script compares (method -> speculative_config; what each needs installed), shared.
 METHODS, REQUIRES = bench.METHODS, bench.REQUIRES
 DATASETS = ("random", "chat", "code")
@@ -699,8 +699,6 @@ def _plot_offline(ax: Any, rows: Sequence[dict[str, Any]], methods: Sequence[str
 
 # ------------------------------------------------------------------------------------------------------ processes
 
-_LIVE: set[subprocess.Popen] = set()  # every child process group still running: killed on any exit
-
 
 def available_memory() -> int:
     """Bytes that can be allocated without swapping (the kernel's MemAvailable)."""
@@ -747,59 +745,15 @@ def check_room_for_another(servers: Sequence[int], available: int) -> None:
         )
 
 
-def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM if this script dies without cleaning up (SIGKILL, a crash).
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def spawn(cmd: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen:
-    """CMD in its own process group (so it and its children can be killed together), output to log_path."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=_die_with_parent
-        )
-    _LIVE.add(proc)
-    return proc
+    """CMD in its own process group (so it and its children are stopped together), output to log_path; it gets
+    SIGTERM if this script dies."""
+    return devserver.spawn(cmd, log_path=log_path, env=env, echo_command=True, die_with_parent=True)
 
 
 def kill(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM to the process group, SIGKILL after grace_s (and to any straggler of the group)."""
-    try:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        os.killpg(proc.pid, signal.SIGKILL)  # children that outlived the leader
-    except (ProcessLookupError, PermissionError):
-        pass
-    _LIVE.discard(proc)
-
-
-def kill_all() -> None:
-    for proc in list(_LIVE):
-        kill(proc, grace_s=10.0)
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """Stops CMD's process group: SIGTERM, SIGKILL after grace_s (`devtools.server.stop`)."""
+    devserver.stop(proc, grace_s)
 
 
 def vllm_command() -> list[str]:
@@ -861,28 +815,21 @@ def lookahead_delta(before: dict[str, Any] | None, after: dict[str, Any] | None)
     return out
 
 
-def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return resp.status, resp.read().decode("utf-8", errors="replace")
-
-
-class Server:
-    """One `vllm serve` for one method: started, checked healthy and warmed up on entry, killed on exit."""
+class Server(devserver.Server):
+    """One `vllm serve` for one method: started, checked healthy and warmed up on entry, stopped on exit (the
+    lifecycle is `devtools.server.Server`'s)."""
 
     def __init__(self, method: str, args: argparse.Namespace, model: str, max_model_len: int, log_path: Path):
-        self.method, self.args, self.model, self.max_model_len, self.log_path = (
-            method,
-            args,
-            model,
-            max_model_len,
-            log_path,
+        super().__init__(
+            log_path=log_path,
+            env=engine_env(args, method),
+            host=HOST,
+            start_timeout_s=args.start_timeout,
+            name=f"vllm serve ({method})",
+            echo_command=True,
+            die_with_parent=True,
         )
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    @property
-    def base(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        self.method, self.args, self.model, self.max_model_len = method, args, model, max_model_len
 
     def command(self) -> list[str]:
         a = self.args
@@ -901,69 +848,22 @@ class Server:
         return cmd
 
     def __enter__(self) -> Server:
-        for attempt in range(3):  # a port taken between our check and the server's bind: try another
-            self.port = free_port()
-            self.proc = spawn(self.command(), self.log_path, engine_env(self.args, self.method))
-            try:
-                self._wait_healthy()
-                break
-            except BaseException as e:
-                kill(self.proc)
-                retry = isinstance(e, RuntimeError) and "address already in use" in log_tail(self.log_path, 200).lower()
-                if attempt < 2 and retry:
-                    continue
-                raise
+        self.start()
         try:
             self._warm_up()
         except BaseException:
-            kill(self.proc)
+            self.stop()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
-            self.resume()  # a stopped server neither answers /metrics nor acts on SIGTERM
+            self.resume()  # a stopped server answers no /metrics
             self.save_metrics()
-            kill(self.proc)
+            self.stop()
 
     def memory(self) -> int:
         return tree_memory(self.proc.pid) if self.proc is not None else 0
-
-    def pause(self) -> None:
-        """Stops the server's processes (its process group: the API server, the engine core, the workers), so that an
-        idle server takes no CPU from the one being measured."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
-    def _signal(self, sig: signal.Signals) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def _wait_healthy(self) -> None:
-        assert self.proc is not None
-        deadline = time.monotonic() + self.args.start_timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"vllm serve ({self.method}) exited with code {self.proc.returncode} before answering /health; "
-                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
-                )
-            try:
-                if http_get(f"{self.base}/health", timeout=5)[0] == 200:
-                    return
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"vllm serve ({self.method}) not healthy after {self.args.start_timeout:.0f} s; "
-                    f"log {self.log_path}, last lines:\n{log_tail(self.log_path)}"
-                )
-            time.sleep(2)
 
     def _complete(self, prompt: str, max_tokens: int) -> None:
         body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
@@ -1412,7 +1312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sweep.save()
         return 130
     finally:
-        kill_all()
+        devserver.stop_all()
 
 
 if __name__ == "__main__":

@@ -61,7 +61,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,7 +68,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from vllm_lookahead.devtools import bench
+from vllm_lookahead.devtools import bench, server
 
 DEFAULT_OUT = bench.RESULTS + "gpu_check/"
 # --prompts names -> bench's datasets, and the wheel that carries each
@@ -322,29 +321,16 @@ def run_worker(
     command = [*(cmd or [sys.executable, os.path.abspath(__file__)]), *argv,
                "--worker", method, "--worker-batch", str(batch), "--result-file", str(path)]  # fmt: skip
     env = {**os.environ, **bench.method_environment(method, sampled=False)}
-    # A session of its own: the whole group (vLLM's engine core, tensor-parallel workers) is killed on any exit.
-    proc = subprocess.Popen(command, env=env, stdout=2, start_new_session=True)
+    # A process group of its own: the whole group (vLLM's engine core, tensor-parallel workers) is killed on any exit,
+    # and waited for until none of it remains (its GPU memory freed).
+    proc = server.spawn(command, env=env, stdout=2)
     try:
         rc = proc.wait()
     finally:
-        _kill_group(proc)
+        server.stop(proc, gone_s=60.0)
     if path.exists():
         return json.loads(path.read_text())
     return {**base, "status": "failed", "reason": f"its worker exited with code {rc} before its result (log above)"}
-
-
-def _kill_group(proc: subprocess.Popen[bytes], wait_s: float = 60.0) -> None:
-    """Kills what is left of the worker's process group and waits until none of it remains."""
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        time.sleep(0.2)
 
 
 def run_all(args: argparse.Namespace, argv: list[str], folder: Path, cmd: list[str] | None = None) -> list[Results]:

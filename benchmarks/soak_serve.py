@@ -28,8 +28,6 @@ import argparse
 import json
 import os
 import random
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -39,9 +37,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_lookahead.devtools import server
 from vllm_lookahead.devtools.bench import RESULTS
 
-HOST = "127.0.0.1"
+HOST = server.HOST
 KINDS = (
     "completion",
     "completion-stream",
@@ -142,67 +141,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def start_server(args: argparse.Namespace, config: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    """Starts `vllm serve` and returns at once (its process and base URL); `wait_healthy` waits for it."""
+def start_server(args: argparse.Namespace, config: str, log_path: Path) -> server.Server:
+    """Launches `vllm serve` and returns at once; `soak` waits until it is healthy."""
     from vllm_lookahead.devtools.models import default_model_path
 
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", default_model_path(),
-        "--host", HOST, "--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", str(args.seed),
-        "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(8, args.clients)),
-        # A KV cache the mix cycles through within the warm-up: its pages are touched on first use, which RSS
-        # would otherwise show as growth for as long as unused blocks remain.
-        "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(-(-args.kv_tokens // BLOCK_SIZE)),
-    ]  # fmt: skip
-    if config != "none":
-        cmd += ["--speculative-config", config]
+    def command(port: int) -> list[str]:
+        cmd = [
+            sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", default_model_path(),
+            "--host", HOST, "--port", str(port), "--dtype", "float32", "--enforce-eager", "--seed", str(args.seed),
+            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(max(8, args.clients)),
+            # A KV cache the mix cycles through within the warm-up: its pages are touched on first use, which RSS
+            # would otherwise show as growth for as long as unused blocks remain.
+            "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(-(-args.kv_tokens // BLOCK_SIZE)),
+        ]  # fmt: skip
+        if config != "none":
+            cmd += ["--speculative-config", config]
+        return cmd
+
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONUNBUFFERED": "1"}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
     for key, value in TCMALLOC_ENV.items():
         env.setdefault(key, value)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    return proc, f"http://{HOST}:{port}"
-
-
-def wait_healthy(proc: subprocess.Popen, base: str, log_path: Path) -> None:
-    import requests
-
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
-        try:
-            if requests.get(f"{base}/health", timeout=5).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        if time.monotonic() > deadline:
-            stop_server(proc)
-            raise RuntimeError(f"vllm serve not healthy after 600 s; see {log_path}")
-        time.sleep(2)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return server.Server(command, log_path, env=env, start_timeout_s=600).launch()
 
 
 def engine_rss_mb(proc: subprocess.Popen) -> float:
@@ -319,8 +280,8 @@ def fill_step_size_cache(base: str, model: str) -> None:
         ).raise_for_status()
 
 
-def soak(args: argparse.Namespace, config: str, server: tuple[subprocess.Popen, str], log_path: Path) -> Report:
-    """The mix against a started server (stopped at the end)."""
+def soak(args: argparse.Namespace, config: str, srv: server.Server) -> Report:
+    """The mix against a launched server (stopped at the end)."""
     import requests
     from tqdm import tqdm
     from transformers import AutoTokenizer
@@ -336,9 +297,9 @@ def soak(args: argparse.Namespace, config: str, server: tuple[subprocess.Popen, 
         "long": [tok.decode(long_ids)],
     }
     report = Report(config=config, duration_s=args.duration, clients=args.clients)
-    proc, base = server
+    proc, base = srv.proc, srv.base
     try:
-        wait_healthy(proc, base, log_path)
+        srv.wait_healthy()
         model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
         fill_step_size_cache(base, model)
         served: Counter[str] = Counter()
@@ -405,7 +366,7 @@ def soak(args: argparse.Namespace, config: str, server: tuple[subprocess.Popen, 
             report.rss_mb_warm = report.samples[0]["rss_mb"] if report.samples else report.rss_mb_end
         report.served = dict(sorted(served.items()))
     finally:
-        stop_server(proc)
+        srv.stop(grace_s=60)
     return report
 
 
@@ -471,15 +432,15 @@ def main(argv: list[str] | None = None) -> int:
     # until lookahead's soak is done.
     configs = {"lookahead": args.lookahead_config, **({} if args.no_baseline else {"plain": "none"})}
     logs = {k: out / f"{name}_{'plain_' if k == 'plain' else ''}server.log" for k in configs}
-    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    servers: dict[str, server.Server] = {}
     try:
         for k, config in configs.items():
             servers[k] = start_server(args, config, logs[k])
-        la = soak(args, configs["lookahead"], servers["lookahead"], logs["lookahead"])
-        plain = soak(args, "none", servers["plain"], logs["plain"]) if "plain" in servers else None
+        la = soak(args, configs["lookahead"], servers["lookahead"])
+        plain = soak(args, "none", servers["plain"]) if "plain" in servers else None
     finally:
-        for proc, _ in servers.values():
-            stop_server(proc)
+        for srv in servers.values():
+            srv.stop(grace_s=60)
     print(table(la, plain, args.rss_bound_mb))
     for r in (la, plain):
         for e in r.error_samples if r is not None else ():

@@ -12,21 +12,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from vllm_lookahead.devtools import server as devserver
 from vllm_lookahead.devtools.prompts import humaneval_prompts
 
 pytestmark = pytest.mark.engine
 
-HOST = "127.0.0.1"
+HOST = devserver.HOST
 START_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 300
 BAD_CONFIG_TIMEOUT_S = 120
@@ -46,34 +44,8 @@ def _server_env() -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def _tail(path: Path, n: int = 80) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError as e:
-        return f"<no log: {e}>"
-    return "\n".join(lines[-n:])
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the server (it shuts its engine core and workers down itself), SIGKILL it if it lingers, then
-    SIGKILL whatever is left in its process group (started with start_new_session, so the group is ours)."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=30)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    return devserver.log_tail(path, n)
 
 
 def test_bad_lookahead_config_fails_at_startup(model_path, tmp_path):
@@ -84,13 +56,12 @@ def test_bad_lookahead_config_fails_at_startup(model_path, tmp_path):
         "--host",
         HOST,
         "--port",
-        str(_free_port()),
+        str(devserver.free_port()),
         *COMMON_ARGS,
         "--speculative-config",
         json.dumps({"method": "lookahead", "window_size": 0}),
     )
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(), start_new_session=True)
+    proc = devserver.spawn(cmd, log_path=log_path, env=_server_env())
     try:
         try:
             rc = proc.wait(timeout=BAD_CONFIG_TIMEOUT_S)
@@ -99,7 +70,7 @@ def test_bad_lookahead_config_fails_at_startup(model_path, tmp_path):
                 f"vllm serve with window_size=0 still running after {BAD_CONFIG_TIMEOUT_S} s:\n{_tail(log_path)}"
             )
     finally:
-        _stop(proc)
+        devserver.stop(proc, grace_s=60)
     output = log_path.read_text(errors="replace")
     assert rc != 0, f"vllm serve with window_size=0 exited 0:\n{_tail(log_path)}"
     assert "window_size must be an integer in [1, 64]" in output, _tail(log_path)
@@ -108,31 +79,23 @@ def test_bad_lookahead_config_fails_at_startup(model_path, tmp_path):
 @pytest.fixture(scope="module")
 def server(model_path, tmp_path_factory):
     """Base URL of a running `vllm serve` with lookahead; stopped at module teardown, also on failure."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm_serve") / "server.log"
-    cmd = _vllm_cmd(
-        "serve", model_path, "--host", HOST, "--port", str(port), *COMMON_ARGS, "--speculative-model", "[lookahead]"
-    )
-    base = f"http://{HOST}:{port}"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_server_env(), start_new_session=True)
+
+    def command(port: int) -> list[str]:
+        return _vllm_cmd(
+            "serve", model_path, "--host", HOST, "--port", str(port), *COMMON_ARGS, "--speculative-model", "[lookahead]"
+        )
+
+    srv = devserver.Server(command, log_path, env=_server_env(), start_timeout_s=START_TIMEOUT_S)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode} before becoming healthy:\n{_tail(log_path)}")
-            try:
-                if requests.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy after {START_TIMEOUT_S} s:\n{_tail(log_path)}")
-            time.sleep(2)
-        model = requests.get(f"{base}/v1/models", timeout=30).json()["data"][0]["id"]
-        yield {"base": base, "model": model, "log": log_path}
+        try:
+            srv.start()
+        except devserver.ServerError as e:
+            pytest.fail(str(e))
+        model = requests.get(f"{srv.base}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield {"base": srv.base, "model": model, "log": log_path}
     finally:
-        _stop(proc)
+        srv.stop(grace_s=60)
 
 
 def _post(server, path: str, body: dict) -> dict:
