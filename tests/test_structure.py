@@ -147,8 +147,8 @@ def test_no_top_level_patches_package_is_shipped():
     assert not (ROOT / "patches").exists()
 
 
-def _readme_table(heading: str) -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+def _readme_table(heading: str, doc: str = "README.md") -> list[list[str]]:
+    text = (ROOT / doc).read_text()
     section = text[text.index(heading) :]
     rows = []
     for line in section.splitlines()[1:]:
@@ -171,8 +171,8 @@ def test_readme_key_table_is_lookahead_params():
         assert rng == ("bool" if lo_hi is None else lo_hi if lo_hi == "path" else f"{lo_hi[0]}..{lo_hi[1]}"), f.name
 
 
-def test_readme_layout_names_files_that_exist():
-    rows = _readme_table("## Layout")
+def test_design_layout_names_files_that_exist():
+    rows = _readme_table("## Layout", "docs/design.md")
     named = set()
     for first, *_ in rows:
         for path in re.findall(r"`([^`]+)`", first):
@@ -182,3 +182,97 @@ def test_readme_layout_names_files_that_exist():
     for p in PKG.rglob("*.py"):
         rel = p.relative_to(ROOT).as_posix()
         assert rel in named or p.name in named or (p.parent.relative_to(ROOT).as_posix() + "/") in named, rel
+
+
+# ------------------------------------------------------------------------------------- documents name what exists
+
+DOCUMENTS = (
+    "README.md",
+    "CHANGELOG.md",
+    "benchmarks/README.md",
+    *(f"docs/{p.name}" for p in sorted(ROOT.glob("docs/*.md"))),
+)
+# A path a document names: from the repository root, or from the package or benchmarks folder (`core/cost.py`,
+# `diagnostics/profile_engine.py`, `csrc/row_select.cpp`), as the documents write them.
+_ROOTS = {
+    "benchmarks": "benchmarks", "tests": "tests", "vllm_lookahead": "vllm_lookahead", "examples": "examples",
+    "docs": "docs", "core": "vllm_lookahead/core", "glue": "vllm_lookahead/glue",
+    "backends": "vllm_lookahead/backends", "tools": "vllm_lookahead/tools", "devtools": "vllm_lookahead/devtools",
+    "csrc": "vllm_lookahead/backends/cpu/csrc", "diagnostics": "benchmarks/diagnostics",
+    "research": "benchmarks/research",
+}  # fmt: skip
+_PATH = re.compile(r"(?<![\w./<-])(" + "|".join(_ROOTS) + r")/([\w./*{},<>-]*)")
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
+
+
+def _repo_files() -> set[str]:
+    """Files in the repository as a fresh clone has them: tracked ones, and new ones not ignored (not yet added)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT, capture_output=True, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):  # not a checkout: what is on disk
+        return {p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file() and ".venv" not in p.parts}
+    return {f for f in out.decode().split("\0") if f and (ROOT / f).exists()}
+
+
+def _expand(path: str) -> list[str]:
+    """`a_{x,y}.png` -> [`a_x.png`, `a_y.png`]."""
+    m = re.search(r"\{([^{}]*)\}", path)
+    if not m:
+        return [path]
+    return [q for alt in m.group(1).split(",") for q in _expand(path[: m.start()] + alt + path[m.end() :])]
+
+
+def _names(path: str, files: set[str]) -> bool:
+    import fnmatch
+
+    path = path.rstrip("/")
+    if any(c in path for c in "*?"):
+        return any(fnmatch.fnmatch(f, path) for f in files)
+    if path in files or any(f.startswith(path + "/") for f in files):
+        return True
+    module = re.fullmatch(r"(.+?)((?:\.[A-Za-z_]\w*)+)", path)  # `core/step_timer.StepTimer`: a module's attribute
+    return module is not None and module.group(1) + ".py" in files
+
+
+def _named_paths(doc: str) -> list[str]:
+    """The repository paths a document names (placeholders such as `<dtype>` and output folders skipped)."""
+    text = (ROOT / doc).read_text()
+    found: list[str] = []
+    for m in _PATH.finditer(text):
+        root, rest = m.groups()
+        rest = rest.rstrip(".,")
+        if "<" in rest or not rest:
+            continue
+        path = f"{_ROOTS[root]}/{rest}"
+        if path.startswith("benchmarks/results/") and path.endswith("/"):
+            continue  # a folder the benchmarks write into, not a file of the repository
+        found += _expand(path)
+    for m in _LINK.finditer(text):
+        target = m.group(1)
+        if re.match(r"[a-z]+:", target):
+            continue
+        resolved = (ROOT / doc).parent.joinpath(target).resolve()
+        if resolved.is_relative_to(ROOT):
+            found.append(resolved.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_documents_name_files_that_exist():
+    files = _repo_files()
+    missing = [f"{doc}: {path}" for doc in DOCUMENTS for path in _named_paths(doc) if not _names(path, files)]
+    assert not missing, "documents name paths that are not in the repository:\n" + "\n".join(missing)
+
+
+def test_document_paths_are_found():
+    """The check above sees the paths the documents write, in each form."""
+    text = "`benchmarks/bench_serve.py`, core/cost.py, `diagnostics/x.py --y`; see [r](results.md#gpu), (`docs/a.md`)."
+    assert [f"{_ROOTS[r]}/{p.rstrip('.,')}" for r, p in _PATH.findall(text)] == [
+        "benchmarks/bench_serve.py", "vllm_lookahead/core/cost.py", "benchmarks/diagnostics/x.py", "docs/a.md",
+    ]  # fmt: skip
+    assert _expand("a_{x,y}.png") == ["a_x.png", "a_y.png"]
+    assert not _PATH.search("vllm/v1/worker/gpu/spec_decode/speculator.py and vllm_lookahead.core.params")
