@@ -50,6 +50,26 @@ def test_chains_wherever_no_tree_backend_reads_the_cache(spec):
     assert why.startswith("chains") and len(why) > len("chains: ")  # says why
 
 
+def test_logit_rows_through_the_compiled_library_on_a_cpu_unless_switched_off():
+    """Every backend on a CPU (the chain backend too) reads logits rows with the compiled library where it loads;
+    without it (`compiled=False`, VLLM_LOOKAHEAD_TREE_KERNEL=0) and on other platforms, torch's path."""
+    from vllm_lookahead.backends.cpu import library
+    from vllm_lookahead.backends.cpu.logit_rows import CompiledRows
+    from vllm_lookahead.backends.logit_rows import LogitRows
+
+    loads = library.load() is not None
+    for backend, _ in (select(_spec()), select(_spec(), force_chains="asked for"), select(_spec("neon"))):
+        assert isinstance(backend.logit_rows, CompiledRows) == loads, backend
+    assert isinstance(select(_spec())[0], CpuTreeBackend) and select(_spec())[0].library is library.load()
+    for backend, _ in (
+        select(_spec(), compiled=False),
+        select(_spec(), force_chains="asked for", compiled=False),
+        select(_spec("unknown", platform="xpu")),
+    ):
+        assert type(backend.logit_rows) is LogitRows, backend
+    assert select(_spec(), compiled=False)[0].library is None
+
+
 def test_forced_chains_and_the_chain_backend_never_attends_or_moves():
     backend, why = select(_spec(), force_chains="asked for")
     assert isinstance(backend, ChainBackend) and why.endswith("asked for")

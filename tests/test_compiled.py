@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu import library
 from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 
 pytestmark = pytest.mark.engine
@@ -45,5 +45,5 @@ def test_compiled_mode_greedy_identical_to_plain_decoding(model_path):
     tokens = sum(len(g) for g in got)
     assert stats["accepted"] > 0.2 * tokens
     assert stats["tree_steps"] > 0
-    if tree_kernel.load() is not None:
+    if library.load() is not None:
         assert stats["kernel_attention_steps"] > 0

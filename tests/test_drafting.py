@@ -3,26 +3,23 @@ engine)."""
 
 from __future__ import annotations
 
-from vllm_lookahead.glue.drafting import IDLE_AFTER, MAX_REST, _carried_nothing, _resting
+from vllm_lookahead.glue.resting import IDLE_AFTER, MAX_REST, Rests
 
 
 def _builds(pattern: str, longest: int = MAX_REST) -> str:
     """Replay a run: at each step the request builds a tree unless resting; 'n' a tree that carried nothing, 'd' one
     that carried drafts. Returns which steps built ('b') or rested ('.')."""
-    idle: dict[str, tuple[int, int]] = {}
+    rests = Rests(longest)
     out, it = [], iter(pattern)
     for _ in range(len(pattern) * (longest + 1)):
-        if _resting(idle, "r"):
+        if rests.resting("r"):
             out.append(".")
             continue
         kind = next(it, None)
         if kind is None:
             break
         out.append("b")
-        if kind == "d":
-            idle.pop("r", None)
-        else:
-            _carried_nothing(idle, "r", longest)
+        rests.built("r", carried=kind == "d")
     return "".join(out)
 
 
@@ -30,6 +27,7 @@ def test_empty_trees_rest_longer_up_to_a_cap_and_drafts_end_the_rest():
     assert (IDLE_AFTER, MAX_REST) == (2, 8)
     assert _builds("nnnnnn") == "bb.b..b....b........b........"  # rests of 1, 2, 4, then 8 steps at most
     assert _builds("nnnnnn", longest=3) == "bb.b..b...b...b..."  # a shorter cap (VLLM_LOOKAHEAD_REST=3)
+    assert _builds("nnnnnn", longest=0) == "bbbbbb"  # no rest (tensor parallelism, VLLM_LOOKAHEAD_REST=0)
     assert _builds("dddd") == "bbbb"  # requests that draft never rest
     assert _builds("nnnndnnn") == "bb.b..b....bbb.b.."  # a tree that carried drafts starts the count again
 
@@ -59,8 +57,8 @@ class _Requests:
     """Every request eligible; a state that records the trees built (one node: nothing to draft) and the requests
     whose state was caught up."""
 
-    def __init__(self) -> None:
-        self.idle: dict[str, tuple[int, int]] = {}
+    def __init__(self, rests: Rests | None = None) -> None:
+        self.rests = rests or Rests()
         self.built: list[int] = []
         self.touched: list[str] = []
         self.states: dict[str, object] = {}
@@ -115,8 +113,9 @@ def test_a_resting_request_state_is_not_touched_until_it_builds_again():
     from vllm_lookahead.backends import ChainBackend
 
     drafting, Step = _drafting()
-    runner, requests = _Runner(["a", "b"]), _Requests()
-    requests.idle["a"] = (5, 3)  # a rests three more steps; b builds (its first trees carry nothing: then rests)
+    runner, requests = _Runner(["a", "b"]), _Requests(Rests(longest=3))
+    for _ in range(IDLE_AFTER + 2):  # a rests three more steps; b builds (its first trees carry nothing: then rests)
+        requests.rests.built("a", carried=False)
     for _ in range(3):
         drafting.propose(runner, [[5], [6]], requests, Step({}, ChainBackend()))
     assert "a" not in requests.touched and requests.touched[:2] == ["b", "b"]
@@ -125,13 +124,20 @@ def test_a_resting_request_state_is_not_touched_until_it_builds_again():
 
 
 def test_without_the_rest_every_request_builds_every_step(monkeypatch):
-    """VLLM_LOOKAHEAD_REST=0 (the benchmarks' `lookahead-norest`): a request whose trees carry nothing still builds
-    one every step."""
+    """VLLM_LOOKAHEAD_REST=0 (the benchmarks' `lookahead-norest`), read into the engine's settings at start-up: a
+    request whose trees carry nothing still builds one every step."""
     from vllm_lookahead.backends import ChainBackend
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.glue.engine import LookaheadEngine
+    from vllm_lookahead.glue.settings import Settings
 
     monkeypatch.setenv("VLLM_LOOKAHEAD_REST", "0")
+    settings = Settings.from_env()
+    assert settings.max_rest == 0 and Settings().max_rest == MAX_REST
+    assert LookaheadEngine(LookaheadParams(), 64, settings=settings).requests.rests.longest == 0
+    assert LookaheadEngine(LookaheadParams(), 64, ranks=2).requests.rests.longest == 0  # tensor parallelism
     drafting, Step = _drafting()
-    runner, requests = _Runner(["a"]), _Requests()
+    runner, requests = _Runner(["a"]), _Requests(Rests(settings.max_rest))
     for _ in range(6):  # with the rest: built at steps 1, 2, 4 only (`_builds("nnn")`)
         drafting.propose(runner, [[5]], requests, Step({}, ChainBackend()))
     assert requests.touched == ["a"] * 6
@@ -176,7 +182,8 @@ def test_a_finished_request_learns_the_tokens_it_rested_through():
     requests = Requests(params, shared, LookaheadStats())
     state = requests.state(Runner(), 0, "a")
     assert state.seen == 25
-    requests.idle["a"] = (4, 2)  # resting while it made tokens 25..31
+    for _ in range(IDLE_AFTER + 1):  # resting while it made tokens 25..31
+        requests.rests.built("a", carried=False)
     Batch.num_tokens_no_spec = np.array([32])
     requests.drop_finished(Runner(), Output())
     assert state.seen == 32 and state.tail == [130, 131]  # tokens 125..131 learned at the drop

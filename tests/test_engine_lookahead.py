@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import make_llm
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu import library
 from vllm_lookahead.core.acceptance import CALIBRATION_RANGE
 from vllm_lookahead.devtools.prompts import as_chat, humaneval_prompts, sharegpt_prompts
 from vllm_lookahead.glue.stats import SOURCE_NAMES
@@ -218,7 +218,7 @@ def test_greedy_batch_identical_to_plain_decoding(la_llm, batch, plain_outputs, 
     assert stats["timed_steps"] > stats_before["timed_steps"]
     assert stats["timed_step_span"] > 0 and stats["timed_step_gap"] > 0
     # the tree rows went through the compiled kernel (its reference, the plain-torch path, is tested against it)
-    if tree_kernel.load() is not None:
+    if library.load() is not None:
         assert stats["kernel_attention_steps"] > stats_before["kernel_attention_steps"]
         assert stats["reference_attention_steps"] == stats_before["reference_attention_steps"]
     # the sampled requests were served on trees: more than one token per forward pass for them
@@ -278,7 +278,7 @@ def test_chains_where_branches_do_not_pay_their_price(la_llm, batch, plain_outpu
     assert after["kernel_attention_steps"] == before["kernel_attention_steps"]
     assert after["reference_attention_steps"] == before["reference_attention_steps"]
     # the same requests with free branches do branch: the chains above were the price's doing
-    if tree_kernel.load() is not None:
+    if library.load() is not None:
         before, after = run(0.0)
         assert after["kernel_attention_steps"] > before["kernel_attention_steps"]
 

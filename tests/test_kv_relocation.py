@@ -14,11 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
-from vllm_lookahead.backends.cpu import layouts
+from vllm_lookahead.backends.cpu import layouts, library
 from vllm_lookahead.backends.cpu import relocation as kv_relocation
 
-pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the reference path runs")
+pytestmark = pytest.mark.skipif(library.load() is None, reason="no C++ compiler: the reference path runs")
 
 LAYERS, KV_HEADS, HEAD_SIZE = 3, 2, 64
 
@@ -67,7 +66,7 @@ def test_the_compiled_move_matches_the_reference(isa, dtype, block_size, m, seed
     src, dst = moves(rng, num_blocks * block_size, m)
     fast, ref = layers(dtype, block_size, num_blocks, seed, isa), layers(dtype, block_size, num_blocks, seed, isa)
     before = [layer.kv_cache.clone() for layer in fast]
-    found = kv_relocation.CacheLayers.of(fast)
+    found = kv_relocation.CacheLayers.of(fast, library.load())
     assert found.compiled and found.layout == layouts.LAYOUTS[isa].kernel_code
     kv_relocation.move_kv_slots(found, src, dst)
     with vllms_writer_or_ours(isa):
@@ -93,7 +92,7 @@ def test_exactly_the_moved_entries_change(isa, dtype, compiled):
         layouts.torch_writer(isa)(kv[2 * i], kv[2 * i + 1], *layouts.split(layer.kv_cache), slots)
     src, dst = [40, 43, 44, 70], [39, 40, 41, 42]  # overlapping, across a block boundary (slot 64)
     if compiled:
-        found = kv_relocation.CacheLayers.of(ls)
+        found = kv_relocation.CacheLayers.of(ls, library.load())
         assert found.compiled
         kv_relocation.move_kv_slots(found, src, dst)
     else:
@@ -108,6 +107,7 @@ def test_exactly_the_moved_entries_change(isa, dtype, compiled):
 
 
 def test_what_the_kernel_does_not_copy_goes_to_the_reference(monkeypatch):
+    lib = library.load()
     scaled = layers(torch.float32, 16, 4, 0)
     for layer in scaled:
         layer.impl.kv_cache_dtype = "fp8"
@@ -115,20 +115,21 @@ def test_what_the_kernel_does_not_copy_goes_to_the_reference(monkeypatch):
     other = layers(torch.float32, 16, 4, 0)
     other[1].isa = "neon"
     assert not kv_relocation.compiled_moves_apply(other[1])
-    assert not kv_relocation.CacheLayers.of(other).compiled
+    assert not kv_relocation.CacheLayers.of(other, lib).compiled
+    assert not kv_relocation.CacheLayers.of(layers(torch.float32, 16, 4, 0), None).compiled  # no library: no call
     amx_float32 = layers(torch.float32, 32, 4, 0, "amx")  # vLLM's amx holds bfloat16 only
     assert not kv_relocation.compiled_moves_apply(amx_float32[0])
     mixed = layers(torch.float32, 16, 4, 0) + layers(torch.bfloat16, 16, 4, 0)
-    assert not kv_relocation.CacheLayers.of(mixed).compiled, "one call needs one cache shape, dtype and strides"
+    assert not kv_relocation.CacheLayers.of(mixed, lib).compiled, "one call needs one cache shape, dtype and strides"
     two_layouts = layers(torch.bfloat16, 32, 4, 0) + layers(torch.bfloat16, 32, 4, 0, "amx")
-    assert not kv_relocation.CacheLayers.of(two_layouts).compiled, "one call moves one layout"
+    assert not kv_relocation.CacheLayers.of(two_layouts, lib).compiled, "one call moves one layout"
     called = []
     monkeypatch.setattr(kv_relocation, "move_kv_slots_reference", lambda *a: called.append(a))
-    kv_relocation.move_kv_slots(kv_relocation.CacheLayers.of(other), [3], [1])
+    kv_relocation.move_kv_slots(kv_relocation.CacheLayers.of(other, lib), [3], [1])
     assert called, "a layer the kernel cannot copy must send the step's moves to the reference"
 
 
 def test_moves_outside_the_cache_are_refused():
     ls = layers(torch.float32, 16, 2, 0)
     with pytest.raises(ValueError):
-        tree_kernel.load().move_slots([layer.kv_cache for layer in ls], [40], [1], 0)
+        library.load().move_slots([layer.kv_cache for layer in ls], [40], [1], 0)

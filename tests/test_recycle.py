@@ -108,6 +108,7 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
     is taught too, and every rank always under tensor parallelism."""
     import torch
 
+    from vllm_lookahead.backends.logit_rows import LogitRows
     from vllm_lookahead.glue.engine import LookaheadEngine
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
@@ -116,7 +117,7 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
 
     def top(floor: float) -> dict:
         gate.decide(floor, [engine.acceptance])
-        return gate.path_top(logits, [0], {0: [0, 1]}, [0])
+        return gate.path_top(LogitRows(), logits, [0], {0: [0, 1]}, [0])
 
     assert not gate.recycle.table
     best = gate.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1))

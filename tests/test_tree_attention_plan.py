@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_lookahead.backends.base import TreeRows
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
+from vllm_lookahead.backends.cpu import kernel, library
 from vllm_lookahead.backends.cpu.layouts import split, torch_writer, vllm_writer, writer_runs
 from vllm_lookahead.backends.cpu.plan import (
     PLAIN_ROWS_IN_KERNEL,
@@ -23,7 +23,7 @@ from vllm_lookahead.backends.cpu.plan import (
 )
 from vllm_lookahead.backends.cpu.reference import apply_tree_attention, tree_attention
 
-pytestmark = pytest.mark.skipif(tree_kernel.load() is None, reason="no C++ compiler: the plain-torch path runs")
+pytestmark = pytest.mark.skipif(library.load() is None, reason="no C++ compiler: the plain-torch path runs")
 
 HEADS, KV_HEADS, HEAD_SIZE = 6, 2, 64
 PAD_ROWS = 3  # rows past num_actual_tokens (padding) must stay untouched
@@ -122,7 +122,7 @@ def reference(impl, layer, md, query, kv_cache, trees) -> torch.Tensor:
 
 
 def fast(impl, layer, md, query, kv_cache, trees) -> torch.Tensor:
-    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    plan = TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md)
     assert plan is not None
     output = torch.full((query.shape[0], HEADS * HEAD_SIZE), 7.0, dtype=query.dtype)
     plan.forward(layer, impl, query, kv_cache, output)
@@ -202,7 +202,7 @@ def test_one_plan_serves_every_layer_of_the_step():
     """Strides are taken once; later layers bring other query data and other caches of the same shape."""
     reqs = [("plain", 40, 1), ("tree", 150, 24), ("tree", 31, 9), ("plain", 0, 5)]
     impl, layer, md, query, kv_cache, trees = make_step(reqs, torch.float32, 32, seed=1)
-    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    plan = TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md)
     for layer_seed in (2, 3):
         _, _, _, q2, kv2, _ = make_step(reqs, torch.float32, 32, seed=layer_seed)
         out = torch.full((q2.shape[0], HEADS * HEAD_SIZE), 7.0)
@@ -213,7 +213,7 @@ def test_one_plan_serves_every_layer_of_the_step():
 def test_a_batch_of_trees_only_skips_the_stock_kernel():
     step = make_step([("tree", 100, 16), ("tree", 0, 3)], torch.float32, 128, seed=4)
     impl, layer, md, query, kv_cache, trees = step
-    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    plan = TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md)
     assert plan is not None and plan.plain is None
     torch.testing.assert_close(fast(*step), reference(*step), rtol=1e-5, atol=1e-5)
 
@@ -231,22 +231,22 @@ def test_a_batch_of_trees_only_skips_the_stock_kernel():
 )
 def test_what_the_kernel_does_not_do_goes_to_the_reference_path(change):
     impl, layer, md, query, kv_cache, trees = make_step([("tree", 10, 4)], torch.float32, 32, seed=0)
-    assert supports(impl, layer, query, kv_cache)
+    assert supports(library.load(), impl, layer, query, kv_cache)
     for key, value in change.items():
         setattr(impl, key, value)
-    assert not supports(impl, layer, query, kv_cache)
-    assert TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md) is None
+    assert not supports(library.load(), impl, layer, query, kv_cache)
+    assert TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md) is None
 
 
 def test_other_cache_layouts_and_dtypes_go_to_the_reference_path():
     impl, layer, md, query, kv_cache, trees = make_step([("tree", 10, 4)], torch.float32, 32, seed=0)
     for isa in ("neon", "rvv", "vxe", "vsx"):
-        assert not supports(impl, SimpleNamespace(isa=isa), query, kv_cache)
-    assert not supports(impl, SimpleNamespace(isa="amx"), query, kv_cache), "amx holds bfloat16 only"
-    assert supports(impl, SimpleNamespace(isa="amx"), query.bfloat16(), kv_cache.bfloat16())
-    assert not supports(impl, layer, query.half(), kv_cache.half())
+        assert not supports(library.load(), impl, SimpleNamespace(isa=isa), query, kv_cache)
+    assert not supports(library.load(), impl, SimpleNamespace(isa="amx"), query, kv_cache), "amx holds bfloat16 only"
+    assert supports(library.load(), impl, SimpleNamespace(isa="amx"), query.bfloat16(), kv_cache.bfloat16())
+    assert not supports(library.load(), impl, layer, query.half(), kv_cache.half())
     md.causal = False
-    assert TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md) is None
+    assert TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -257,7 +257,7 @@ def test_small_plain_requests_join_the_kernel_and_prompts_stay_on_the_stock_kern
     reqs = [("plain", 40, 1), ("tree", 150, 9), ("plain", 30, 5), ("plain", 0, prompt), ("plain", 7, 1)]
     step = make_step(reqs, dtype, 32, seed=6)
     impl, layer, md, query, kv_cache, trees = step
-    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    plan = TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md)
     assert plan is not None and plan.plain is not None
     first = 1 + 9 + 5
     assert plan.plain.rows.tolist() == list(range(first, first + prompt))
@@ -266,7 +266,7 @@ def test_small_plain_requests_join_the_kernel_and_prompts_stay_on_the_stock_kern
     # decoding rows alone beside the tree: no stock kernel call at all
     step = make_step([("plain", 40, 1), ("tree", 150, 9), ("plain", 3, 1)], dtype, 32, seed=7)
     impl, layer, md, query, kv_cache, trees = step
-    plan = TreeAttentionPlan.build(trees, impl, layer, query, kv_cache, md)
+    plan = TreeAttentionPlan.build(library.load(), trees, impl, layer, query, kv_cache, md)
     assert plan is not None and plan.plain is None
     torch.testing.assert_close(fast(*step), reference(*step), **tolerance(dtype))
 
@@ -283,7 +283,7 @@ def test_a_tree_that_does_not_match_the_metadata_is_an_error():
     impl, layer, md, query, kv_cache, trees = make_step([("plain", 5, 1), ("tree", 10, 4)], torch.float32, 32, 0)
     wrong = [TreeRows(1, trees[0].q_start, 4, trees[0].seq_len + 1, trees[0].block_ids, trees[0].mask)]
     with pytest.raises(RuntimeError, match="do not match"):
-        TreeAttentionPlan.build(wrong, impl, layer, query, kv_cache, md)
+        TreeAttentionPlan.build(library.load(), wrong, impl, layer, query, kv_cache, md)
 
 
 def test_ancestor_bitsets_cross_word_boundaries():
@@ -298,14 +298,14 @@ def test_ancestor_bitsets_cross_word_boundaries():
 
 def test_the_kernel_builds_once_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
-    first = tree_kernel.build()
+    first = kernel.build()
     mtime = first.stat().st_mtime_ns
-    assert tree_kernel.build() == first and first.stat().st_mtime_ns == mtime
-    assert tree_kernel.TreeKernel(first).vector_width in (4, 8, 16)
+    assert kernel.build() == first and first.stat().st_mtime_ns == mtime
+    assert library.CompiledLibrary(first).vector_width in (4, 8, 16)
 
 
 def test_without_a_compiler_the_kernel_is_unavailable(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_LOOKAHEAD_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler")
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        tree_kernel.build()
+        kernel.build()

@@ -432,21 +432,25 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
     assert_step_is_autoregressive(exact_draw_distribution(tree, _node_probs(tree, target)), tree, target, vocab)
 
 
-def test_trees_argmax_reads_only_their_own_rows(monkeypatch):
+def test_trees_argmax_reads_only_their_own_rows():
     """Verification takes the argmax of the scheduled trees' rows alone, in one call: each tree gets its own rows'
     argmax, in the trees' order, whichever rows the others hold (at a large batch most requests carry no tree)."""
-    import vllm_lookahead.glue.verification as verification
+    from vllm_lookahead.backends.logit_rows import LogitRows
+    from vllm_lookahead.glue.verification import _tree_argmax
 
     asked: list[list[int]] = []
-    real = verification.row_argmax
-    monkeypatch.setattr(verification, "row_argmax", lambda logits, rows: (asked.append(rows), real(logits, rows))[1])
+
+    class Recording(LogitRows):
+        def argmax(self, logits, rows=None):
+            asked.append(rows)
+            return super().argmax(logits, rows)
+
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(12, 50, generator=g)
     full = logits.argmax(-1).tolist()
     spans = [(7, 3), (0, 2), (4, 1)]  # not in row order, rows 2-3, 5-6 and 10-11 belong to no tree
-    assert verification._tree_argmax(logits, spans) == [full[7:10], full[0:2], full[4:5]]
+    assert _tree_argmax(Recording(), logits, spans) == [full[7:10], full[0:2], full[4:5]]
     assert asked == [[7, 8, 9, 0, 1, 4]]
-    assert verification._tree_argmax(logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]
-    assert verification._tree_argmax(logits, [(1, 2)], every=full) == [full[1:3]]  # already taken: not again
+    assert _tree_argmax(Recording(), logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]
     assert len(asked) == 2
-    assert verification._tree_argmax(logits, []) == []
+    assert _tree_argmax(Recording(), logits, []) == []

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.cpu import library
 from vllm_lookahead.backends.cpu.layouts import split
 from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan
 from vllm_lookahead.backends.cpu.reference import apply_tree_attention
@@ -159,8 +160,9 @@ def timed(fn: Any, args: argparse.Namespace) -> float:
 
 def measure(args: argparse.Namespace, dtype: torch.dtype, context: int, nodes: int) -> dict[str, Any]:
     s = make_step(args, dtype, context, nodes)
-    build = lambda: TreeAttentionPlan.build(s.trees, s.impl, s.layer, s.query, s.kv_cache, s.md)  # noqa: E731
-    plan = build()
+    lib = library.load()
+    build = lambda: TreeAttentionPlan.build(lib, s.trees, s.impl, s.layer, s.query, s.kv_cache, s.md)  # noqa: E731
+    plan = None if lib is None else build()
     if plan is None:
         raise RuntimeError("the compiled tree kernel is unavailable here")
     kernel = timed(lambda: plan.forward(s.layer, s.impl, s.query, s.kv_cache, s.output), args)

@@ -81,7 +81,7 @@ PARTS = (
     ("- merged (build_step_tree)", "vllm_lookahead.core.state", None, "build_step_tree"),
     ("- ordered and cut (by_score)", "vllm_lookahead.core.tree", "StepTree", "by_score"),
     ("propose: sized (plan_step)", "vllm_lookahead.glue.drafting", None, "plan_step"),
-    ("sample: verification (verify_step)", "vllm_lookahead.glue.engine", None, "verify_step"),
+    ("sample: verification (Verification.verify)", "vllm_lookahead.glue.verification", "Verification", "verify"),
     ("- recycling's top tokens (path_top)", "vllm_lookahead.glue.recycling", "RecyclingGate", "path_top"),
     ("- states updated (update)", "vllm_lookahead.core.state", "LookaheadState", "update"),
     ("the sources learn new tokens (_learn)", "vllm_lookahead.core.state", "LookaheadState", "_learn"),

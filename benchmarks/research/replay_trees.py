@@ -409,9 +409,10 @@ def replay_batch(
     from vllm_lookahead.core.recycle import TokenRecycler
     from vllm_lookahead.core.state import LookaheadState
     from vllm_lookahead.core.suffix import SuffixCandidates
-    from vllm_lookahead.glue.drafting import Drafting, _carried_nothing, _resting
+    from vllm_lookahead.glue.drafting import Drafting
     from vllm_lookahead.glue.patches.scheduler import ADMISSION_SHARE
     from vllm_lookahead.glue.recycling import RecyclingGate
+    from vllm_lookahead.glue.resting import Rests
 
     lookahead = method == "lookahead"
     paid = StepCost.frozen(model if truth is None else truth)
@@ -428,7 +429,7 @@ def replay_batch(
         backend = type("Trees", (), {"trees": True})()
         drafting = Drafting(params, 1 << 30, 1, backend, RecyclingGate(recycle))
         drafting.cost = StepCost.frozen(model)
-        idle: dict[int, tuple[int, int]] = {}
+        rests = Rests()
     else:
         from arctic_inference.suffix_decoding import SuffixDecodingCache
 
@@ -498,7 +499,7 @@ def replay_batch(
                 s.proposed = None
                 n = len(s.prompt) + len(s.made)
                 room = len(s.prompt) + max_tokens - n - 1
-                if room <= 0 or _resting(idle, s.rid):
+                if room <= 0 or rests.resting(s.rid):
                     continue
                 s.state.catch_up(n, _fetch(s))
                 ready.append((s.state, s.made[-1]))
@@ -509,10 +510,7 @@ def replay_batch(
                 trees, sizes = drafting.plan(ready, caps, len(running), budget)
                 for s, tree, size in zip(rows, trees, sizes, strict=True):
                     s.proposed = (tree, size)
-                    if size > 1:
-                        idle.pop(s.rid, None)
-                    else:
-                        _carried_nothing(idle, s.rid)
+                    rests.built(s.rid, carried=size > 1)
         else:
             for s in running:
                 s.proposed = suffix_chain(cache, d, s.rid, [*s.prompt, *s.made], num_speculative_tokens)

@@ -27,19 +27,29 @@ def _load(path: str) -> type[TreeBackend]:
     return getattr(importlib.import_module(module), name)
 
 
-def select(spec: CacheSpec, force_chains: str | None = None) -> tuple[TreeBackend, str]:
+def select(spec: CacheSpec, force_chains: str | None = None, compiled: bool = True) -> tuple[TreeBackend, str]:
     """The backend for a KV cache and a sentence saying which path lookahead takes and why.
-    force_chains: a reason to run chains whatever the cache (settings the tree path does not serve)."""
+    force_chains: a reason to run chains whatever the cache (settings the tree path does not serve); compiled: whether
+    backends may run the platform's compiled library (False: their plain torch and numpy paths)."""
     if force_chains:
-        return ChainBackend(), f"{CHAINS}: {force_chains}"
+        return _chains(spec, compiled), f"{CHAINS}: {force_chains}"
     reasons = []
     for path in TREE_BACKENDS.get(spec.platform, ()):
         cls = _load(path)
         why = cls.unsupported(spec)
         if why is None:
-            return cls(), f"trees through the {cls.name} attention backend ({spec})"
+            return cls.create(compiled), f"trees through the {cls.name} attention backend ({spec})"
         reasons.append(why)
     if not reasons:
         reasons.append(f"no tree attention backend for the {spec.platform} platform")
     why = "; ".join(reasons)
-    return ChainBackend(), f"{CHAINS}: {why}"
+    return _chains(spec, compiled), f"{CHAINS}: {why}"
+
+
+def _chains(spec: CacheSpec, compiled: bool) -> ChainBackend:
+    """The chain backend; on a CPU it reads logits rows with the compiled library, as the CPU backend does."""
+    if spec.platform != "cpu":
+        return ChainBackend()
+    from vllm_lookahead.backends.cpu.logit_rows import cpu_rows
+
+    return ChainBackend(cpu_rows(compiled))

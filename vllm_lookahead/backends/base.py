@@ -7,7 +7,9 @@ A backend answers these for the engine:
 - `attend(...)`: one attention layer of a step that carries trees: every row of the batch computed, the tree rows
   with each node attending its request's cached prefix and its own ancestors;
 - `relocate(layers, src, dst)`: accepted tree nodes' KV moved from the slots they were written at to the
-  consecutive slots vLLM expects, in every layer's cache.
+  consecutive slots vLLM expects, in every layer's cache;
+- `logit_rows`: the target's argmax and top tokens over chosen rows of a step's logits, which verification and token
+  recycling read (`logit_rows.LogitRows`: torch's; a CPU's compiled library where it loads, `cpu.logit_rows`).
 The CPU layouts (`backends.cpu`), the chain fallback (`backends.chain`) and the GPU kernel (`backends.cuda`) are the
 implementations. Backends import no glue: the glue hands them the step's tree rows (`TreeRows`) and a per-step dict
 in which a backend may keep what it prepares at the step's first layer for the others (`plans`).
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+
+from vllm_lookahead.backends.logit_rows import LogitRows
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,15 @@ class CacheSpec:
 class TreeBackend(ABC):
     name: ClassVar[str]
     trees: ClassVar[bool] = True  # False: the chain backend (each request's best branch, vLLM's own attention)
+
+    def __init__(self, logit_rows: LogitRows | None = None) -> None:
+        self.logit_rows = logit_rows or LogitRows()
+
+    @classmethod
+    def create(cls, compiled: bool = True) -> TreeBackend:
+        """The engine's instance. compiled: whether it may run the platform's compiled library (False: its plain
+        torch and numpy paths)."""
+        return cls()
 
     @classmethod
     @abstractmethod

@@ -8,7 +8,6 @@ the backend runs no trees (the chain backend), each request carries its best bra
 
 from __future__ import annotations
 
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -27,24 +26,6 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-
-# A request whose trees carried no draft IDLE_AFTER steps running builds its next trees only every so many steps,
-# doubling up to one in MAX_REST + 1: where nothing is predictable (random text, sampling at temperature 1, a large
-# batch on a CPU) building trees nobody carries, and catching each state up a token at a time, is the plugin's main
-# cost a step: 0.49 ms of a 26 ms bfloat16 step at 16 requests with rests of up to 3 steps, 0.32 with up to 8
-# (random prompts at temperature 1, 2-core AVX-512 CPU). A source that starts to match is found again within
-# MAX_REST steps. A resting request's state learns the tokens it missed when it next builds a tree (or when it
-# finishes), all at once. Off under tensor parallelism, where every rank must build the same trees whatever its own
-# sizes were.
-IDLE_AFTER = 2
-MAX_REST = 8
-
-
-def max_rest() -> int:
-    """MAX_REST, or VLLM_LOOKAHEAD_REST steps (0: every request builds its tree every step; the rest's before/after
-    in a benchmark)."""
-    return max(0, int(os.environ.get("VLLM_LOOKAHEAD_REST", MAX_REST)))
 
 
 class Drafting:
@@ -67,8 +48,6 @@ class Drafting:
         # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included),
         # the engine's first few left out (first-use costs).
         self.timer = StepTimer(cold_steps())
-        # The longest rest of an idle request (IDLE_AFTER); none under tensor parallelism.
-        self.max_rest = max_rest() if ranks == 1 else 0
 
     def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
@@ -102,8 +81,8 @@ class Drafting:
         caps: list[int] = []
         for i, req_id in enumerate(batch.req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
-            if not sampled or (self.max_rest and _resting(requests.idle, req_id)):
-                continue  # a resting request's state catches up when it next builds a tree
+            if not sampled or requests.rests.resting(req_id):
+                continue  # a resting request's state catches up when it next builds a tree (`resting.py`)
             if not requests.eligible(runner, req_id) or _unseen_prefill(requests, batch, i, req_id):
                 continue
             room = self._room(runner, i, req_id)
@@ -126,9 +105,7 @@ class Drafting:
             step.proposed[req_id] = tree
             if size > 1:
                 drafts[i] = tree.tokens[1:size]
-                requests.idle.pop(req_id, None)
-            else:
-                _carried_nothing(requests.idle, req_id, self.max_rest)
+            requests.rests.built(req_id, carried=size > 1)
         return drafts
 
     def plan(
@@ -179,20 +156,3 @@ def _unseen_prefill(requests: Requests, batch: InputBatch, index: int, req_id: s
         req_id not in requests.states
         and int(batch.num_tokens_no_spec[index]) - int(batch.num_prompt_tokens[index]) <= 1
     )
-
-
-def _carried_nothing(idle: dict[str, tuple[int, int]], req_id: str, longest: int = MAX_REST) -> None:
-    """The request's tree carried no draft: from the IDLE_AFTER-th such tree on, rest 1, 2, 4, ... steps, at most
-    `longest`."""
-    empty = idle.get(req_id, (0, 0))[0] + 1
-    rest = min(1 << min(empty - IDLE_AFTER, 30), longest) if empty >= IDLE_AFTER else 0
-    idle[req_id] = (empty, rest)
-
-
-def _resting(idle: dict[str, tuple[int, int]], req_id: str) -> bool:
-    """Whether the request skips building a tree this step (counting the step off its rest)."""
-    empty, rest = idle.get(req_id, (0, 0))
-    if rest <= 0:
-        return False
-    idle[req_id] = (empty, rest - 1)
-    return True

@@ -8,8 +8,9 @@ hands the work to the module that does it:
   tokens get positions pos(x0) + depth (`scheduling.py`); the step before is timed for the cost fit (`drafting.py`);
 - `forward_scope` (around `_model_forward`): the attention backend sees the step's tree rows while the forward pass
   runs (`step.py`);
-- `sample` (`_sample`): vLLM's sampler at each request's x0 row (`sampling.py`), then verification along each tree,
-  KV relocation and the state update (`verification.py`), and logprobs;
+- `sample` (`_sample`): vLLM's sampler at each request's x0 row (`sampling.py`: the step's `StepResult`), then
+  verification along each tree, KV relocation and the state update (`verification.py`), and logprobs
+  (`logprobs.py`);
 - `propose` (vLLM's drafter call): each lookahead request's next tree, sized (`drafting.py`); its nodes after the
   root are the drafts.
 Three writes into vLLM's data (positions, sampler output rows, KV slots) are the only ones; everything that replaces
@@ -22,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,20 +35,25 @@ from vllm_lookahead.core.pool import NGramPool
 from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.suffix import SuffixCandidates
 from vllm_lookahead.core.tree import Source
-from vllm_lookahead.glue import sampling
+from vllm_lookahead.glue import logprobs, sampling
 from vllm_lookahead.glue.drafting import Drafting
+from vllm_lookahead.glue.platform import attention_layers
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests, Shared
+from vllm_lookahead.glue.resting import Rests
 from vllm_lookahead.glue.scheduling import schedule_trees
+from vllm_lookahead.glue.settings import Settings
 from vllm_lookahead.glue.stats import COST_KEYS, LookaheadStats
 from vllm_lookahead.glue.step import LookaheadStep, forward_scope
-from vllm_lookahead.glue.verification import attention_layers, verify_step
+from vllm_lookahead.glue.verification import Verification
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import SamplerOutput
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_lookahead.glue.sampling import VllmSample
 
 logger = logging.getLogger("vllm_lookahead")
 
@@ -60,8 +66,11 @@ class LookaheadEngine:
         ranks: int = 1,
         tokenize: Callable[[str], list[int]] | None = None,
         backend: tuple[TreeBackend, str] | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        """settings: the switches read at start-up (`settings.py`; their defaults where not given)."""
         self.params = params
+        settings = settings or Settings()
         # Who computes the tree rows' attention and moves accepted KV (the chain backend: chains only), and why.
         self.backend, self.backend_reason = backend or (ChainBackend(), f"{CHAINS}: no backend was chosen")
         self._confirmed = False
@@ -81,11 +90,14 @@ class LookaheadEngine:
         )
         if params.suffix_corpus:
             self._load_corpus(params.suffix_corpus, tokenize)
-        self.requests = Requests(params, self.shared, self.stats)
+        # Under tensor parallelism no request rests: every rank must build the same trees whatever its own sizes.
+        self.requests = Requests(params, self.shared, self.stats, Rests(settings.max_rest if ranks == 1 else 0))
         self.recycling = RecyclingGate(self.shared.recycle)
         self.drafting = Drafting(params, max_model_len, ranks, self.backend, self.recycling)
+        self.verification = Verification(self.requests, self.recycling, self.stats)
+        self.layers: list[Any] | None = None  # the model's attention layers, found once (`platform.attention_layers`)
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
-        self.step: LookaheadStep | None = None  # the step under way, closed by finish_step
+        self.step: LookaheadStep | None = None  # the step under way, closed by sample
 
     @property
     def acceptance(self) -> AcceptanceStats:
@@ -122,11 +134,11 @@ class LookaheadEngine:
         """Once the attention layers and their caches exist: the backend checks them, or the engine runs chains;
         which path lookahead takes and why goes to the log once."""
         if self.backend.trees:
-            why = self.backend.check_layers(attention_layers(runner))
+            why = self.backend.check_layers(self._attention_layers(runner))
             if why is None and getattr(runner, "uses_mrope", False):
                 why = "the model's M-RoPE positions (tree positions are written for plain RoPE)"
             if why is not None:
-                self.backend, self.backend_reason = ChainBackend(), f"{CHAINS}: {why}"
+                self.backend, self.backend_reason = ChainBackend(self.backend.logit_rows), f"{CHAINS}: {why}"
                 self.drafting.backend = self.backend
         if not self._confirmed:
             self._confirmed = True
@@ -149,57 +161,26 @@ class LookaheadEngine:
         return forward_scope(self.step)
 
     def sample(
-        self,
-        runner: GPUModelRunner,
-        vllm_sample: Callable[[GPUModelRunner, torch.Tensor, SpecDecodeMetadata | None], SamplerOutput],
-        logits: torch.Tensor,
-        spec_md: SpecDecodeMetadata | None,
+        self, runner: GPUModelRunner, vllm_sample: VllmSample, logits: torch.Tensor, spec_md: SpecDecodeMetadata | None
     ) -> SamplerOutput:
-        """The step's sampling, then `finish_step`.
-
-        A step with drafts does not run vLLM's rejection sampler (`sampling.samples_itself`): every request's x0 row
-        is sampled by vLLM's own sampler (or is its argmax, where that is what the sampler would return) and
-        `finish_step` extends the requests that carry a tree; requests with drafts this engine did not make keep that
-        one token (vLLM's zero padding near max_model_len). A step without a single draft token is sampled as vLLM
-        samples without speculation: vLLM 0.32's rejection sampler fails on CPU on such a step when a request uses
-        top-k (`apply_top_k_only` on an empty tensor)."""
-        if spec_md is not None and not any(spec_md.num_draft_tokens):
-            spec_md = None
-        own = sampling.samples_itself(runner, spec_md)
-        argmax = None
-        if own:
-            sampler_output, argmax = sampling.sample_first_rows(runner, logits, spec_md)
-        else:
-            sampler_output = vllm_sample(runner, logits, spec_md)
-        paths = self.finish_step(runner, logits, spec_md, sampler_output, first_rows_sampled=own, argmax=argmax)
-        if own and runner.input_batch.sampling_metadata.max_num_logprobs is not None:
-            sampler_output.logprobs_tensors = sampling.logprobs(runner, logits, spec_md, sampler_output, paths)
-        return sampler_output
-
-    def finish_step(
-        self,
-        runner: GPUModelRunner,
-        logits: torch.Tensor,
-        spec_md: SpecDecodeMetadata | None,
-        sampler_output: SamplerOutput,
-        first_rows_sampled: bool = False,
-        argmax: list[int] | None = None,
-    ) -> dict[int, list[int]]:
-        """Verify every scheduled tree and close the step (`argmax`: every logits row's, where already taken).
-        Returns each verified request's path."""
-        step, self.step = self.step, None
-        paths: dict[int, list[int]] = {}
-        if step is not None and step.scheduled and spec_md is not None:
-            paths = verify_step(
-                runner, step, logits, spec_md, sampler_output, first_rows_sampled,
-                self.requests, self.recycling, self.stats, argmax,
-            )  # fmt: skip
-        if step is not None and step.attention_plans:
-            if self.backend.used_kernel(step.attention_plans):
+        """The step's sampling (`sampling.sample`: each request's x0; vLLM's rejection sampler only where lookahead
+        does not sample the step), verification of the requests that carry a tree (requests with drafts this engine
+        did not make keep their one token: vLLM's zero padding near max_model_len), logprobs, and the step closed."""
+        step, self.step = self.step or LookaheadStep(proposed={}, backend=self.backend), None
+        result = sampling.sample(runner, vllm_sample, logits, spec_md)
+        paths = self.verification.verify(runner, step, result, self._attention_layers(runner))
+        logprobs.attach(runner, result, paths)
+        if step.attention_plans:
+            if step.backend.used_kernel(step.attention_plans):
                 self.stats.kernel_attention_steps += 1
             else:
                 self.stats.reference_attention_steps += 1
-        return paths
+        return result.sampler_output
+
+    def _attention_layers(self, runner: GPUModelRunner) -> list[Any]:
+        if self.layers is None:
+            self.layers = attention_layers(runner)
+        return self.layers
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request; opens the step they belong to."""

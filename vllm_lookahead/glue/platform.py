@@ -1,25 +1,24 @@
-"""Which attention backend runs lookahead on this engine, decided once at start-up and said once in the log.
+"""Which attention backend runs lookahead on this engine, decided once at start-up and said once in the log, and the
+model's attention layers it is confirmed on.
 
 The KV cache's layout follows from the platform and vLLM's choices: on a CPU, vLLM's CPU_ATTN picks an ISA per
 dtype, block size, head size and host (`_get_attn_isa`, imported rather than copied, so the answer is vLLM's own).
-`VLLM_LOOKAHEAD_BACKEND=chain` forces the chain backend (tests; a user who wants vLLM's own attention only).
+The engine's settings may force the chain backend or keep the compiled CPU library out (`settings.py`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vllm_lookahead.backends import CacheSpec, TreeBackend, select
+from vllm_lookahead.glue.settings import BACKEND_CHOICES, BACKEND_ENV, Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 logger = logging.getLogger("vllm_lookahead")
-
-BACKEND_ENV = "VLLM_LOOKAHEAD_BACKEND"
-BACKEND_CHOICES = ("auto", "chain")
 
 
 def cache_spec(vllm_config: VllmConfig) -> CacheSpec:
@@ -48,15 +47,22 @@ def cache_spec(vllm_config: VllmConfig) -> CacheSpec:
     return CacheSpec(platform, "unknown", dtype, kv_dtype, head_size, block_size)
 
 
-def choose_backend(vllm_config: VllmConfig) -> tuple[TreeBackend, str]:
+def choose_backend(vllm_config: VllmConfig, settings: Settings) -> tuple[TreeBackend, str]:
     """The engine's backend, and which path lookahead takes and why (the engine logs it once confirmed)."""
-    wanted = os.environ.get(BACKEND_ENV, "auto").strip().lower() or "auto"
-    if wanted not in BACKEND_CHOICES:
-        raise ValueError(f"vllm-lookahead: {BACKEND_ENV}={wanted!r}; expected one of {', '.join(BACKEND_CHOICES)}")
-    forced = f"{BACKEND_ENV}=chain" if wanted == "chain" else None
+    if settings.backend not in BACKEND_CHOICES:
+        choices = ", ".join(BACKEND_CHOICES)
+        raise ValueError(f"vllm-lookahead: {BACKEND_ENV}={settings.backend!r}; expected one of {choices}")
+    forced = f"{BACKEND_ENV}=chain" if settings.backend == "chain" else None
     if forced is None and getattr(vllm_config.compilation_config.pass_config, "fuse_attn_quant", False):
         forced = "attention is fused with output quantization (fuse_attn_quant): the tree rows would not be"
-    return select(cache_spec(vllm_config), force_chains=forced)
+    return select(cache_spec(vllm_config), force_chains=forced, compiled=settings.compiled)
+
+
+def attention_layers(runner: GPUModelRunner) -> list[Any]:
+    """The runner's attention layers that own a KV cache (the engine finds them once and hands the same list to the
+    backend every step, which may key what it checked of the caches on it)."""
+    ctx = runner.compilation_config.static_forward_context
+    return [m for m in ctx.values() if hasattr(m, "kv_cache") and hasattr(m, "impl")]
 
 
 def attention_outside_graphs(vllm_config: VllmConfig) -> None:

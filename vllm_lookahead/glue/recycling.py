@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 import torch
 
+from vllm_lookahead.backends.logit_rows import LogitRows
 from vllm_lookahead.core.acceptance import AcceptanceStats
 from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.tree import Source
-from vllm_lookahead.glue.logit_rows import row_topk
 
 
 class RecyclingGate:
@@ -40,15 +40,20 @@ class RecyclingGate:
         return self.recycle.best_estimate(rate) > floor
 
     def path_top(
-        self, logits: torch.Tensor, row0: Sequence[int], paths: dict[int, list[int]], want: Sequence[int]
+        self,
+        logit_rows: LogitRows,
+        logits: torch.Tensor,
+        row0: Sequence[int],
+        paths: dict[int, list[int]],
+        want: Sequence[int],
     ) -> dict[int, list[list[int]]]:
         """Per request index in `want` (those whose state recycles): the target's top tokens (best first) at each row
         of its path (x0 and the accepted nodes); nothing where the last drafted step's bar kept recycled guesses out.
-        One top-k call for all."""
+        One top-k call for all (the backend's `logit_rows`)."""
         if self.recycle is None or not self.pays or not want:
             return {}
         rows = [row0[i] + u for i in want for u in paths[i]]
-        top = row_topk(logits, self.recycle.top_k, rows)
+        top = logit_rows.topk(logits, self.recycle.top_k, rows)
         out, at = {}, 0
         for i in want:
             out[i] = top[at : at + len(paths[i])]

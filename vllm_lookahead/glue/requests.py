@@ -14,6 +14,7 @@ from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.state import LookaheadState
 from vllm_lookahead.core.suffix import SuffixCandidates
 from vllm_lookahead.glue.eligibility import ineligible_reason, request_params
+from vllm_lookahead.glue.resting import Rests
 from vllm_lookahead.glue.stats import LookaheadStats
 from vllm_lookahead.glue.target_dist import GREEDY_EPS
 
@@ -39,23 +40,24 @@ class Shared:
 
 
 class Requests:
-    def __init__(self, params: LookaheadParams, shared: Shared, stats: LookaheadStats) -> None:
+    def __init__(
+        self, params: LookaheadParams, shared: Shared, stats: LookaheadStats, rests: Rests | None = None
+    ) -> None:
         self.params = params
         self.shared = shared
         self.stats = stats
         self.states: dict[str, LookaheadState] = {}
-        # Requests whose last trees carried no draft: (consecutive such trees, steps left before the next is built).
-        self.idle: dict[str, tuple[int, int]] = {}
+        self.rests = rests or Rests()  # requests whose last trees carried no draft, and their rests
         self._eligible: dict[str, bool] = {}
         self._said: set[str] = set()
 
     def drop_finished(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """Forget finished, preempted and resumed requests. A finished request's state first learns the tokens it
-        missed while resting (`drafting.py`), so that its whole output stays a suffix candidate."""
+        missed while resting (`resting.py`), so that its whole output stays a suffix candidate."""
         batch = runner.input_batch
         for req_id in scheduler_output.finished_req_ids:
             state, index = self.states.get(req_id), batch.req_id_to_index.get(req_id)
-            if state is not None and index is not None and req_id in self.idle:
+            if state is not None and index is not None and req_id in self.rests:
                 _catch_up(state, batch, index)
             self._drop(req_id)
         for req_id in scheduler_output.preempted_req_ids or ():
@@ -69,7 +71,7 @@ class Requests:
         if state is not None:
             state.close()
         self._eligible.pop(req_id, None)
-        self.idle.pop(req_id, None)
+        self.rests.forget(req_id)
 
     def eligible(self, runner: GPUModelRunner, req_id: str) -> bool:
         """Whether lookahead drafts for this request (decided once; each reason for plain decoding logged once)."""

@@ -1,22 +1,24 @@
-"""Sampling a step with drafts in place of vLLM's rejection sampler, and the logprobs of the tokens it outputs.
+"""Sampling a step with drafts in place of vLLM's rejection sampler.
 
-Every request's first row (x0's) is sampled by vLLM's own sampler, exactly as plain decoding samples it; the
-verification then extends the requests that carry a tree (`verification.py`). Logprobs come from each output
-token's own row (for a tree, the node it was verified at).
+Every request's first row (x0's) is sampled by vLLM's own sampler, exactly as plain decoding samples it, or is its
+argmax where that is the draw; the verification then extends the requests that carry a tree (`verification.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead.glue.logit_rows import row_argmax
+from vllm_lookahead.glue.step import StepResult
 
 if TYPE_CHECKING:
-    from vllm.v1.outputs import LogprobsTensors, SamplerOutput
+    from vllm.v1.outputs import SamplerOutput
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+VllmSample = Callable[["GPUModelRunner", torch.Tensor, "SpecDecodeMetadata | None"], "SamplerOutput"]
 
 
 def first_rows(spec_md: SpecDecodeMetadata) -> list[int]:
@@ -29,28 +31,35 @@ def first_rows(spec_md: SpecDecodeMetadata) -> list[int]:
     return rows
 
 
+def sample(
+    runner: GPUModelRunner, vllm_sample: VllmSample, logits: torch.Tensor, spec_md: SpecDecodeMetadata | None
+) -> StepResult:
+    """The step's sampling. A step with drafts does not run vLLM's rejection sampler (`samples_itself`): every
+    request's x0 row is sampled by vLLM's own sampler, or left to verification where its argmax is the draw, and the
+    output's other columns are -1 until verification fills them. A step without a single draft token is sampled as
+    vLLM samples without speculation: vLLM 0.32's rejection sampler fails on CPU on such a step when a request uses
+    top-k (`apply_top_k_only` on an empty tensor)."""
+    if spec_md is not None and not any(spec_md.num_draft_tokens):
+        spec_md = None
+    first = [] if spec_md is None else first_rows(spec_md)
+    if not samples_itself(runner, spec_md):
+        return StepResult(logits, spec_md, vllm_sample(runner, logits, spec_md), first, False, False)
+    assert spec_md is not None
+    if argmax_is_the_draw(runner):
+        # vLLM's sampler's many small operations cost more than the argmax verification takes of every row anyway
+        return StepResult(logits, spec_md, _output(spec_md, len(first), logits.device), first, True, True)
+    # index_select: a fifth of the time of advanced indexing (`logits[first]`) on a CPU
+    rows = logits.index_select(0, torch.tensor(first, device=logits.device))
+    plain = runner.sampler(logits=rows, sampling_metadata=runner.input_batch.sampling_metadata)
+    x0 = plain.sampled_token_ids[:, 0]
+    return StepResult(logits, spec_md, _output(spec_md, len(first), x0.device, x0), first, True, False)
+
+
 def samples_itself(runner: GPUModelRunner, spec_md: SpecDecodeMetadata | None) -> bool:
     """Whether a step's sampling is this module's: steps with drafts, except batches with `logprob_token_ids` and
     async scheduling, which keep vLLM's rejection sampler."""
     md = runner.input_batch.sampling_metadata
     return spec_md is not None and not (md.logprob_token_ids or runner.use_async_scheduling)
-
-
-def sample_first_rows(
-    runner: GPUModelRunner, logits: torch.Tensor, spec_md: SpecDecodeMetadata
-) -> tuple[SamplerOutput, list[int] | None]:
-    """vLLM's sampler over every request's x0 row; the output's other columns -1 until verification fills them.
-    Where `argmax_is_the_draw`, every row's argmax stands in for the sampler, and is returned for verification to
-    read (its many small operations cost about 0.1 ms a step on a CPU; verification takes the argmax anyway)."""
-    first = first_rows(spec_md)
-    if argmax_is_the_draw(runner):
-        argmax = row_argmax(logits)
-        x0 = torch.tensor([argmax[r] for r in first], dtype=torch.int32, device=logits.device)
-        return _first_column(x0, spec_md), argmax
-    # index_select: a fifth of the time of advanced indexing (`logits[first]`) on a CPU
-    rows = logits.index_select(0, torch.tensor(first, device=logits.device))
-    plain = runner.sampler(logits=rows, sampling_metadata=runner.input_batch.sampling_metadata)
-    return _first_column(plain.sampled_token_ids[:, 0], spec_md), None
 
 
 def argmax_is_the_draw(runner: GPUModelRunner) -> bool:
@@ -76,38 +85,13 @@ def argmax_is_the_draw(runner: GPUModelRunner) -> bool:
     return True
 
 
-def _first_column(tokens: torch.Tensor, spec_md: SpecDecodeMetadata) -> SamplerOutput:
+def _output(
+    spec_md: SpecDecodeMetadata, num_reqs: int, device: torch.device, x0: torch.Tensor | None = None
+) -> SamplerOutput:
+    """The step's sampler output: -1 everywhere but column 0, which holds `x0` where given."""
     from vllm.v1.outputs import SamplerOutput
 
-    sampled = torch.full((tokens.shape[0], spec_md.max_spec_len + 1), -1, dtype=torch.int32, device=tokens.device)
-    sampled[:, 0] = tokens
+    sampled = torch.full((num_reqs, spec_md.max_spec_len + 1), -1, dtype=torch.int32, device=device)
+    if x0 is not None:
+        sampled[:, 0] = x0
     return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
-
-
-def logprobs(
-    runner: GPUModelRunner,
-    logits: torch.Tensor,
-    spec_md: SpecDecodeMetadata,
-    sampler_output: SamplerOutput,
-    paths: dict[int, list[int]],
-) -> LogprobsTensors:
-    """Logprobs in the layout vLLM's rejection sampler returns ([requests x (max_spec_len + 1)] rows, rejected
-    places dropped later by vLLM): output token j of a request comes from its row j, of a tree request from the row
-    of node path[j]. Raw modes only (eligibility.RAW_LOGPROBS_MODES): the target's logits there, as plain decoding."""
-    from vllm.v1.outputs import LogprobsTensors
-
-    sampler = runner.sampler
-    sampled = sampler_output.sampled_token_ids
-    num_reqs, width = sampled.shape
-    start = torch.tensor(first_rows(spec_md))
-    offsets = torch.arange(width).expand(num_reqs, width).clone()
-    for i, path in paths.items():
-        offsets[i, : len(path)] = torch.tensor(path)
-    rows = (start.unsqueeze(1) + offsets).flatten().clamp_(max=logits.shape[0] - 1)
-    chosen = logits[rows.to(logits.device)].to(torch.float32)
-    values = chosen if sampler.logprobs_mode == "raw_logits" else sampler.compute_logprobs(chosen)
-    tokens = sampled.flatten().clamp(min=0).long()  # -1 (rejected places) -> 0, dropped by vLLM
-    k = runner.input_batch.sampling_metadata.max_num_logprobs
-    if k == -1:
-        return LogprobsTensors(torch.empty(0), values, torch.empty(0))
-    return sampler.gather_logprobs(values, k, tokens)

@@ -1,2 +1,3 @@
 """vLLM's CPU attention (CPU_ATTN): its KV-cache layouts (`layouts`), the tree rows in plain torch (`reference`) and
-through the compiled kernel (`kernel`, `plan`, `csrc/`), KV relocation (`relocation`), behind `backend`."""
+through the compiled library (`csrc/`, built by `kernel`, loaded by `library`; `plan`), KV relocation (`relocation`)
+and logits rows' argmax and top tokens (`logit_rows`), behind `backend`."""

@@ -5,7 +5,8 @@ How a layer of a step with trees is computed:
   rows (and, where the layout says so, the other requests' few rows) and by vLLM's stock kernel for the prompts.
   The plan is built at the step's first layer and kept in the step's `plans`, so the step's other layers only run it;
 - otherwise: vLLM's forward over every row, then the tree rows recomputed in plain torch (`reference`).
-Accepted nodes' KV moves through `relocation`. Which caches it reads: `layouts`.
+Accepted nodes' KV moves through `relocation`. Which caches it reads: `layouts`. Logits rows' argmax and top tokens
+come from the same compiled library (`logit_rows`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vllm_lookahead.backends.base import CacheSpec, TreeBackend, TreeRows
-from vllm_lookahead.backends.cpu import layouts, reference, relocation
+from vllm_lookahead.backends.cpu import layouts, library, reference, relocation
+from vllm_lookahead.backends.cpu.logit_rows import CompiledRows
 from vllm_lookahead.backends.cpu.plan import TreeAttentionPlan
 
 if TYPE_CHECKING:
@@ -29,8 +31,15 @@ _REFERENCE = "reference"  # plan cache marker: this metadata's layers use the pl
 class CpuTreeBackend(TreeBackend):
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: library.CompiledLibrary | None = None) -> None:
+        """compiled: the library the tree rows, KV moves and logits rows run on (None: plain torch and numpy)."""
+        super().__init__(None if compiled is None else CompiledRows(compiled))
+        self.library = compiled
         self._layers: dict[int, relocation.CacheLayers] = {}
+
+    @classmethod
+    def create(cls, compiled: bool = True) -> CpuTreeBackend:
+        return cls(library.load() if compiled else None)
 
     @classmethod
     def unsupported(cls, spec: CacheSpec) -> str | None:
@@ -58,7 +67,9 @@ class CpuTreeBackend(TreeBackend):
         plan = plans.get(id(attn_metadata))
         if plan is None:
             fused_quant = any(a is not None for a in args) or any(v is not None for v in kwargs.values())
-            built = None if fused_quant else TreeAttentionPlan.build(rows, impl, layer, query, kv_cache, attn_metadata)
+            built = None
+            if not fused_quant and self.library is not None:
+                built = TreeAttentionPlan.build(self.library, rows, impl, layer, query, kv_cache, attn_metadata)
             plan = plans[id(attn_metadata)] = built or _REFERENCE
         if plan is _REFERENCE:
             result = original(impl, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
@@ -70,7 +81,7 @@ class CpuTreeBackend(TreeBackend):
     def relocate(self, layers: Sequence[Attention], src: Sequence[int], dst: Sequence[int]) -> None:
         found = self._layers.get(id(layers))
         if found is None:  # the engine passes the same list every step: checked once
-            found = self._layers[id(layers)] = relocation.CacheLayers.of(layers)
+            found = self._layers[id(layers)] = relocation.CacheLayers.of(layers, self.library)
         relocation.move_kv_slots(found, src, dst)
 
     def used_kernel(self, plans: dict[int, object]) -> bool:

@@ -1,7 +1,7 @@
 """One step's attention with lookahead trees, computed once per row: the fast path of the CPU attention layer.
 
 Built at the step's first decoder layer (per attention metadata) and used by every layer of that step:
-- every tree row goes to the compiled kernel (tree_kernel.py), which reads the request's cached prefix and the
+- every tree row goes to the compiled kernel (`library.py`), which reads the request's cached prefix and the
   row's ancestors in place from the paged cache, by one call per layer with a prepared argument block;
 - so do the other requests' rows where there are few of them (a decoding row, a chain of drafts: causal rows, at
   most PLAIN_ROWS_IN_KERNEL), where the layout says the kernel computes them faster than vLLM's stock kernel
@@ -10,9 +10,10 @@ Built at the step's first decoder layer (per attention metadata) and used by eve
   sequence lengths and block table rows, with the kernel's scheduler metadata built for them.
 So no row is computed twice, nothing is gathered or upcast, and per layer Python makes one call (at most three
 where a prompt shares the step).
-`TreeAttentionPlan.build` returns None where this path does not apply (no compiler, ALiBi, soft-cap, sliding
-window, sinks, a quantized KV cache, another dtype or a cache layout it does not read); the caller then uses the
-plain-torch path. The kernel reads the layouts `layouts` describes (vec / vec16, amx), told which by its arguments.
+`TreeAttentionPlan.build` (given the loaded library) returns None where this path does not apply (ALiBi, soft-cap,
+sliding window, sinks, a quantized KV cache, another dtype or a cache layout it does not read); the caller then uses
+the plain-torch path, as it does without the library. The kernel reads the layouts `layouts` describes (vec / vec16,
+amx), told which by its arguments.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ import numpy as np
 import torch
 
 from vllm_lookahead.backends.base import TreeRows
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
 from vllm_lookahead.backends.cpu import layouts
 from vllm_lookahead.backends.cpu.layouts import split
+from vllm_lookahead.backends.cpu.library import ARGS, HEAD_SIZES, CompiledLibrary
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention import Attention
@@ -111,19 +112,23 @@ def cache_readable(impl: CPUAttentionBackendImpl, layer: Attention, kv_cache: to
     )
 
 
-def supports(impl: CPUAttentionBackendImpl, layer: Attention, query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+def supports(
+    kernel: CompiledLibrary,
+    impl: CPUAttentionBackendImpl,
+    layer: Attention,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+) -> bool:
     """Whether the compiled kernel computes this layer's tree rows exactly as the stock kernel would."""
-    kernel = tree_kernel.load()
     return (
-        kernel is not None
-        and cache_readable(impl, layer, kv_cache)
+        cache_readable(impl, layer, kv_cache)
         and kv_cache.dtype == query.dtype
         and query.stride(-1) == 1
         and impl.alibi_slopes is None
         and not impl.logits_soft_cap
         and impl.sinks is None
         and impl.sliding_window == -1
-        and impl.head_size in tree_kernel.HEAD_SIZES
+        and impl.head_size in HEAD_SIZES
         and kv_cache.shape[2] % kernel.vector_width == 0
     )
 
@@ -141,8 +146,8 @@ class PlainRows:
 
 @dataclass
 class TreeAttentionPlan:
-    kernel: tree_kernel.TreeKernel
-    args: np.ndarray  # int64, tree_kernel.ARGS; the strides are filled in by the first layer
+    kernel: CompiledLibrary
+    args: np.ndarray  # int64, library.ARGS; the strides are filled in by the first layer
     keep: tuple[object, ...]  # what the args point into
     num_tokens: int
     plain: PlainRows | None
@@ -151,6 +156,7 @@ class TreeAttentionPlan:
     @classmethod
     def build(
         cls,
+        kernel: CompiledLibrary,
         trees: Sequence[TreeRows],
         impl: CPUAttentionBackendImpl,
         layer: Attention,
@@ -160,10 +166,8 @@ class TreeAttentionPlan:
     ) -> TreeAttentionPlan | None:
         if attn_metadata.causal is not True or attn_metadata.dynamic_causal is not None:
             return None
-        if not supports(impl, layer, query, kv_cache):
+        if not supports(kernel, impl, layer, query, kv_cache):
             return None
-        kernel = tree_kernel.load()
-        assert kernel is not None
         qsl = attn_metadata.query_start_loc.numpy()
         seq_lens = attn_metadata.seq_lens
         seq = seq_lens.numpy()
@@ -176,7 +180,7 @@ class TreeAttentionPlan:
         block_table = attn_metadata.block_table
         if block_table.dtype != torch.int32 or not block_table.is_contiguous():
             block_table = block_table.to(torch.int32).contiguous()
-        args = np.zeros(len(tree_kernel.ARGS), np.int64)
+        args = np.zeros(len(ARGS), np.int64)
         values = dict(
             items=items.ctypes.data,
             num_items=len(items),
@@ -194,7 +198,7 @@ class TreeAttentionPlan:
             layout=layouts.layout_of(layer.isa).kernel_code,
         )
         for name, value in values.items():
-            args[tree_kernel.ARGS.index(name)] = value
+            args[ARGS.index(name)] = value
         num_tokens = attn_metadata.num_actual_tokens
         plain = _plain_rows([*trees, *causal], impl, layer, query.dtype, attn_metadata, num_tokens)
         return cls(kernel, args, (items, masks, block_table), num_tokens, plain)
@@ -243,7 +247,7 @@ class TreeAttentionPlan:
         if strides != self.strides:  # the same for every layer of a step: set at the first
             if out3.stride(2) != 1 or kv_cache.stride(3) != 1 or kv_cache.stride(2) != kv_cache.shape[3]:
                 raise RuntimeError("vllm-lookahead: unexpected attention tensor layout for the tree kernel")
-            self.args[tree_kernel.ARGS.index("q_stride0") :] = strides
+            self.args[ARGS.index("q_stride0") :] = strides
             self.strides = strides
         self.kernel.layer(self.args.ctypes.data, query.data_ptr(), kv_cache.data_ptr(), out3.data_ptr())
 

@@ -4,7 +4,7 @@ A tree node u of a request is written at the slot of position P+u (vLLM's linear
 accepted at depth d it must live at P+d, where the next step (and prefix caching) will look for it. Its key
 was already rotated for position P+d, so a copy is all it takes. All sources are read before any destination is
 written, so overlapping moves (node 2 -> slot 1 while node 3 -> slot 2) are safe. Every layer's moves are one
-call into the compiled kernel (kernel.py) where it applies; otherwise, and as the reference,
+call into the compiled library (`library.py`) where it applies; otherwise, and as the reference,
 `move_kv_slots_reference` reads and writes each layer with torch and vLLM's own cache writer.
 """
 
@@ -16,54 +16,48 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vllm_lookahead.backends.cpu import kernel as tree_kernel
 from vllm_lookahead.backends.cpu import layouts as cpu_kv_cache
+from vllm_lookahead.backends.cpu.library import CompiledLibrary
 from vllm_lookahead.backends.cpu.plan import cache_readable
 
 if TYPE_CHECKING:
     from vllm.model_executor.layers.attention import Attention
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 
 @dataclass
 class CacheLayers:
-    """The attention layers that own a KV cache, and whether the kernel moves all their entries in one call."""
+    """The attention layers that own a KV cache, and the library that moves all their entries in one call (None where
+    it does not apply)."""
 
     layers: list[Attention]
-    compiled: bool
+    library: CompiledLibrary | None
     caches: list[torch.Tensor]  # the layers' non-empty caches, in layer order: what one compiled call moves
     layout: int = 0  # their layout's kernel code (`layouts.Layout.kernel_code`), where compiled
 
+    @property
+    def compiled(self) -> bool:
+        return self.library is not None
+
     @classmethod
-    def of(cls, layers: Sequence[Attention]) -> CacheLayers:
+    def of(cls, layers: Sequence[Attention], library: CompiledLibrary | None) -> CacheLayers:
         with_cache = [layer for layer in layers if _has_cache(layer)]
         caches = [layer.kv_cache for layer in with_cache]
         alike = all(
             c.shape == caches[0].shape and c.stride() == caches[0].stride() and c.dtype == caches[0].dtype
             for c in caches
         )
-        compiled = tree_kernel.load() is not None and bool(caches) and alike
+        compiled = library is not None and bool(caches) and alike
         compiled = compiled and all(compiled_moves_apply(layer) for layer in layers)
         codes = {cpu_kv_cache.layout_of(layer.isa).kernel_code for layer in with_cache} if compiled else set()
         compiled = compiled and len(codes) == 1  # one call moves one layout
-        return cls(list(layers), compiled, caches, codes.pop() if compiled else 0)
-
-
-def attention_layers(runner: GPUModelRunner) -> CacheLayers:
-    """The runner's attention layers (those that own a KV cache), found and checked once."""
-    found = getattr(runner, "_lookahead_attn_layers", None)
-    if found is None:
-        ctx = runner.compilation_config.static_forward_context
-        found = CacheLayers.of([m for m in ctx.values() if hasattr(m, "kv_cache") and hasattr(m, "impl")])
-        runner._lookahead_attn_layers = found
-    return found
+        return cls(list(layers), library if compiled else None, caches, codes.pop() if compiled else 0)
 
 
 def move_kv_slots(cache_layers: CacheLayers, src: Sequence[int], dst: Sequence[int]) -> None:
     """For every layer, copy the KV at global cache slots `src` to slots `dst` (pairwise)."""
-    if cache_layers.compiled:
+    if cache_layers.library is not None:
         # one call: every layer, no torch op per layer
-        tree_kernel.load().move_slots(cache_layers.caches, src, dst, cache_layers.layout)
+        cache_layers.library.move_slots(cache_layers.caches, src, dst, cache_layers.layout)
     else:
         move_kv_slots_reference(cache_layers.layers, src, dst)
 

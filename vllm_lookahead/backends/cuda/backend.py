@@ -33,6 +33,7 @@ class CudaTreeBackend(TreeBackend):
     name = "cuda"
 
     def __init__(self) -> None:
+        super().__init__()
         self._caches: dict[int, tuple[list[torch.Tensor], bool]] = {}
 
     @classmethod

@@ -7,14 +7,14 @@ copy: the returned tensor keeps `new_empty`'s uninitialised memory (and a float 
 integer anyway). vLLM's rejection sampler then divides by garbage temperatures, and top-k fails ("selected index k
 out of range") or truncates at random. Every speculative method's sampled requests are affected on CPU.
 
-The replacement expands with `repeat_interleave`. It is active while lookahead samples (`engine.sample` opens
-`sampling_scope`), and for every method when VLLM_LOOKAHEAD_FIX_CPU_SAMPLING=1 (benchmarks comparing vLLM's own
-sampled ngram/suffix runs use it); otherwise vLLM's own function runs.
+The replacement expands with `repeat_interleave`. It is active while lookahead samples (`patches/model_runner.py`
+opens `sampling_scope` around `engine.sample`), and for every method where the settings say so when the patch is
+applied (`settings.py`: benchmarks comparing vLLM's own sampled ngram/suffix runs use it); otherwise vLLM's own
+function runs.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -22,8 +22,8 @@ from contextvars import ContextVar
 import torch
 
 from vllm_lookahead.glue.patches.base import Patch
+from vllm_lookahead.glue.settings import Settings
 
-FIX_ENV = "VLLM_LOOKAHEAD_FIX_CPU_SAMPLING"
 _active: ContextVar[bool] = ContextVar("lookahead_cpu_sampling_fix", default=False)
 
 
@@ -54,8 +54,10 @@ def _owner():
 
 
 def _expand(original):
+    always = Settings.from_env().fix_cpu_sampling
+
     def expand(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
-        if x.device.type == "cpu" and (_active.get() or os.environ.get(FIX_ENV) == "1"):
+        if x.device.type == "cpu" and (always or _active.get()):
             return expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from, replace_to)
         return original(x, cu_num_tokens, num_tokens, replace_from, replace_to)
 

@@ -21,6 +21,7 @@ from vllm_lookahead.glue.patches.base import Patch
 from vllm_lookahead.glue.patches.cpu_sampling import sampling_scope
 from vllm_lookahead.glue.patches.speculative_config import METHOD, lookahead_params
 from vllm_lookahead.glue.platform import attention_outside_graphs, choose_backend
+from vllm_lookahead.glue.settings import Settings
 
 DRAFTER_CLASS = "vllm_lookahead.glue.drafter.LookaheadDrafter"
 
@@ -36,7 +37,8 @@ def _init(original):
         sc = vllm_config.speculative_config
         if sc is None or sc.method != METHOD:
             return original(self, vllm_config, *args, **kwargs)
-        backend = choose_backend(vllm_config)
+        settings = Settings.from_env()
+        backend = choose_backend(vllm_config, settings)
         if backend[0].trees:
             attention_outside_graphs(vllm_config)
         # The runner knows no "lookahead" method: let it build a custom-class drafter, then say lookahead again.
@@ -51,6 +53,7 @@ def _init(original):
             ranks=vllm_config.parallel_config.world_size,
             tokenize=partial(_encode, vllm_config.model_config),
             backend=backend,
+            settings=settings,
         )
 
     return __init__
