@@ -61,28 +61,22 @@ def run_level(args: argparse.Namespace, rest: list[str], c: int) -> tuple[list[d
 
 
 def step_cost(r: dict[str, Any]) -> tuple[str, float] | None:
-    """Lookahead's step-cost fit at the end of the row's run (ms: fixed + per request R + per token below the knee
-    (up to K tokens) + per token past it + the branch price B, `sizing.CostModel`) and the bar a first node's score
-    had to clear at this concurrency C (`sizing.score_floor`)."""
+    """Lookahead's step prices at the end of the row's run (ms at 1, 8 and 64 tokens, one request: `StepCost.summary`)
+    and the bar a node's score had to clear at this concurrency C on that curve (`sizing.score_floor`)."""
     stats = r.get("lookahead_stats")
-    if not stats or "step_cost_knee" not in stats:
+    if not stats or "step_cost_t1" not in stats:
         return None
-    from vllm_lookahead.core.cost import StepCost
+    from vllm_lookahead.core.cost import SUMMARY_TOKENS, StepCost
     from vllm_lookahead.core.sizing import score_floor
-    from vllm_lookahead.glue.stats import COST_KEYS
 
-    cost = StepCost.frozen([stats[k] for k in COST_KEYS])
-    m = cost.coefficients()
-    fit = (
-        f"{1e3 * m.fixed:.1f} + {1e3 * m.per_request:.2f} R + {1e3 * m.per_draft_below:.2f} per token to "
-        f"{m.knee}, {1e3 * m.per_draft:.2f} past + {1e3 * m.branch:.1f} B"
-    )
-    return fit, score_floor(cost, r["concurrency"])
+    cost = StepCost.fixed(SUMMARY_TOKENS, [stats[f"step_cost_t{t}"] for t in SUMMARY_TOKENS])
+    prices = " / ".join(f"{1e3 * stats[f'step_cost_t{t}']:.1f}" for t in (1, 8, 64))
+    return prices, score_floor(cost, r["concurrency"])
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ["dataset", "concurrency", "method", "tokens/s", "vs none", "tokens/forward", "drafts/step", "identical",
-            "step cost (ms)", "bar for a first node"]  # fmt: skip
+            "step ms at 1 / 8 / 64 tokens", "bar for a node"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if r.get("status") != "ok":

@@ -1013,8 +1013,8 @@ def progress(record: dict[str, Any], rounds: int, elapsed: float) -> str:
     if (la := record.get("lookahead")) is not None:  # how much of the run drafted, and the step-cost fit after it
         drafted = sum(v for k, v in la.items() if k.startswith("drafted_"))
         parts.append(
-            f"{drafted / max(la['steps'], 1):.1f} drafts/step, fit {1e3 * la.get('step_cost_fixed', 0):.1f} ms"
-            f" + {1e3 * la.get('step_cost_per_draft', 0):.2f} ms/draft (knee {la.get('step_cost_knee', 0):g})"
+            f"{drafted / max(la['steps'], 1):.1f} drafts/step, step {1e3 * la.get('step_cost_t1', 0):.1f} ms"
+            f" at 1 token, {1e3 * la.get('step_cost_t8', 0):.1f} at 8"
         )
     return f"{head} {', '.join(parts)} ({elapsed:.0f} s)"
 

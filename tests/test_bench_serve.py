@@ -399,21 +399,21 @@ def test_progress_line():
 
 
 def test_lookahead_stats_differenced_per_run(monkeypatch):
-    """A run's lookahead record: the counters' change over the run, the fit as it stands after it; the progress line
-    shows the drafts per step and the fit."""
-    before = {"steps": 100, "tree_steps": 90, "drafted_pool": 400, "accepted_pool": 40, "step_cost_fixed": 0.02,
+    """A run's lookahead record: the counters' change over the run, the step prices as they stand after it; the
+    progress line shows the drafts per step and the prices."""
+    before = {"steps": 100, "tree_steps": 90, "drafted_pool": 400, "accepted_pool": 40, "step_cost_t1": 0.02,
               "carried_score": 50.0, "backend": "cpu", "live_states": 3}  # fmt: skip
-    after = {"steps": 150, "tree_steps": 120, "drafted_pool": 700, "accepted_pool": 70, "step_cost_fixed": 0.03,
-             "carried_score": 80.5, "step_cost_per_draft": 0.0004, "step_cost_knee": 1, "backend": "cpu",
-             "live_states": 5, "calibration": 0.7}  # fmt: skip
+    after = {"steps": 150, "tree_steps": 120, "drafted_pool": 700, "accepted_pool": 70, "step_cost_t1": 0.03,
+             "carried_score": 80.5, "step_cost_t8": 0.0332, "backend": "cpu", "live_states": 5,
+             "calibration": 0.7}  # fmt: skip
     delta = bs.lookahead_delta(before, after)
     assert delta["steps"] == 50 and delta["tree_steps"] == 30
     assert delta["drafted_pool"] == 300 and delta["accepted_pool"] == 30 and delta["carried_score"] == 30.5
-    assert delta["step_cost_fixed"] == 0.03 and delta["calibration"] == 0.7
+    assert delta["step_cost_t1"] == 0.03 and delta["calibration"] == 0.7
     assert "backend" not in delta and "live_states" not in delta
     assert bs.lookahead_delta(None, after) is None and bs.lookahead_delta(before, {}) is None
     line = bs.progress({**_records()[1], "completed": 8, "lookahead": delta}, 3, 12.0)
-    assert "6.0 drafts/step" in line and "fit 30.0 ms + 0.40 ms/draft (knee 1)" in line
+    assert "6.0 drafts/step" in line and "step 30.0 ms at 1 token, 33.2 at 8" in line
     monkeypatch.delenv("VLLM_SERVER_DEV_MODE", raising=False)
     assert bs.engine_env(bs.parse_args([]), "lookahead")["VLLM_SERVER_DEV_MODE"] == "1"
     assert "VLLM_SERVER_DEV_MODE" not in bs.engine_env(bs.parse_args([]), "suffix")

@@ -120,7 +120,7 @@ def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
         return gate.path_top(LogitRows(), logits, [0], {0: [0, 1]}, [0])
 
     assert not gate.recycle.table
-    best = gate.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1))
+    best = gate.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1) * engine.acceptance.calibration)
     taught = top(best - 1e-6)
     assert taught[0] == logits[:2].topk(gate.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
     assert top(best) == {}  # a large batch on a CPU: no recycled guess would be drafted

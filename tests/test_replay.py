@@ -157,9 +157,10 @@ def test_the_suffix_peer_drafts_chains_of_at_most_its_tokens_and_reproduces_the_
     assert fresh[0] == pytest.approx(1.0) and fresh[1] == 0.0
 
 
-def cost_model_seconds(model: tuple, drafts: float) -> float:
+def cost_model_seconds(model, drafts: float) -> float:
     """A straight-line cost model's seconds for a one-request step of `drafts` draft tokens (fractional: a mean)."""
-    fixed, _, per_token, *_ = model
+    fixed = model.seconds(1, 0) - (model.seconds(1, 1) - model.seconds(1, 0))
+    per_token = model.seconds(1, 1) - model.seconds(1, 0)
     return fixed + per_token * (1 + drafts)
 
 

@@ -10,12 +10,11 @@ tokens), each step captured in a CUDA graph as vLLM runs its decoding steps. A s
 cached tokens and T new ones (x0 and T - 1 drafts), so B * T tokens. Each (shape, B, T) is the median of `--repeats`
 graph replays, timed with CUDA events, after a warm-up.
 
-`fit` feeds each shape's and batch's steps to `sizing.StepCost`, the engine's own fit (each step `--feed` times, in
-shuffled order), and prints the cost model it settles on: the knee (tokens a step computes before a token starts to
-cost its full price), the prices of a token below and past it, and the bar a first draft node's acceptance
-probability must clear at that batch (`sizing.score_floor`). It saves a plot of the measured steps and the fitted
-lines. On this project's 2-core CPU the bar is 0.03-0.04 at 1 request, about 0.18 at 4 and 0.31-0.33 at 16 (float32,
-README "The tree size against the batch size").
+`fit` gives each shape's steps to `cost.StepCost` as the engine would: its one-request steps as the start-up seed,
+then each batch's steps as timed steps (each `--feed` times, in shuffled order), and prints the prices it settles on
+(a step of the batch with no drafts, with as many drafts as requests, with the most measured) and the bar a draft
+node's acceptance probability must clear at that batch (`sizing.score_floor`). It saves a plot of the measured steps
+and the learned curves.
 """
 
 from __future__ import annotations
@@ -267,24 +266,27 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def fit_batch(steps: Sequence[dict[str, float]], requests: int, feed: int, seed: int = 0) -> dict[str, float]:
-    """The engine's step-cost fit after seeing this batch's measured steps `feed` times each, shuffled: its cost
-    model, and the bar a first draft node must clear at this batch."""
+    """The engine's step cost after the start-up seed (the one-request steps) and this batch's measured steps `feed`
+    times each, shuffled: its prices at this batch (ms) and the bar a draft node must clear there."""
     from vllm_lookahead.core.cost import StepCost
     from vllm_lookahead.core.sizing import score_floor
 
     cost = StepCost()
+    ones = sorted((s for s in steps if s["requests"] == 1), key=lambda s: s["tokens"])
+    if ones:
+        cost.seed([int(s["tokens"]) for s in ones], [float(s["seconds"]) for s in ones])
     rows = [s for s in steps if s["requests"] == requests] * feed
     random.Random(seed).shuffle(rows)
     for s in rows:
         cost.observe(requests, int(s["tokens"]) - requests, False, float(s["seconds"]))
-    m = cost.coefficients()
+    most = max((int(s["tokens"]) for s in steps if s["requests"] == requests), default=2 * requests)
+    curve = cost.curve(requests)
     return {
         "requests": requests,
-        "knee": m.knee,
-        "fixed_ms": m.fixed * 1e3,
-        "per_token_below_ms": m.per_draft_below * 1e3,
-        "per_token_ms": m.per_draft * 1e3,
-        "one_token_step_ms": cost.seconds(requests, 0) * 1e3,
+        "plain_ms": curve.at(requests) * 1e3,
+        "double_ms": curve.at(2 * requests) * 1e3,
+        "most_tokens": most,
+        "most_ms": curve.at(most) * 1e3,
         "bar": score_floor(cost, requests),
     }
 
@@ -294,9 +296,9 @@ def fit(path: Path, feed: int, plot: Path | None) -> list[tuple[str, dict[str, f
     rows = []
     print(f"{data['device']}, {data['dtype']}, {data['context']} cached tokens a request, CUDA graphs "
           f"{data['graphs']}, attention {data.get('attention', 'mask')}")  # fmt: skip
-    print("\n| shape | requests | measured ms at T = 1 / 2x / max tokens | knee (tokens) | ms a token below / past "
-          "it | bar a first draft must clear |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("\n| shape | requests | measured ms at T = 1 / 2x / max tokens | learned ms at the same | bar a draft must "
+          "clear |")  # fmt: skip
+    print("|---|---|---|---|---|")
     for name, entry in data["shapes"].items():
         steps = entry["steps"]
         for requests in sorted({s["requests"] for s in steps}):
@@ -305,8 +307,8 @@ def fit(path: Path, feed: int, plot: Path | None) -> list[tuple[str, dict[str, f
             rows.append((name, f))
             two = next((s for s in mine if s["tokens"] == 2 * requests), mine[-1])
             print(f"| {name} | {requests} | {mine[0]['seconds'] * 1e3:.2f} / {two['seconds'] * 1e3:.2f} / "
-                  f"{mine[-1]['seconds'] * 1e3:.2f} ({mine[-1]['tokens']}) | {f['knee']} | "
-                  f"{f['per_token_below_ms']:.4f} / {f['per_token_ms']:.4f} | {f['bar']:.3f} |")  # fmt: skip
+                  f"{mine[-1]['seconds'] * 1e3:.2f} ({mine[-1]['tokens']}) | {f['plain_ms']:.2f} / "
+                  f"{f['double_ms']:.2f} / {f['most_ms']:.2f} | {f['bar']:.3f} |")  # fmt: skip
     save_plot(data, rows, plot or path.with_suffix(".png"))
     return rows
 

@@ -40,6 +40,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from vllm_lookahead.devtools.sizing_replay import verify_known
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 DATASETS = ("humaneval", "sharegpt")
@@ -167,30 +170,27 @@ def generate(path: Path, num_prompts: int, dtype: str = "float32") -> None:
     print(f"saved {path}")
 
 
-def cost_model(fixed: float, per_token: float, knee: int = 1, below: float | None = None) -> tuple:
-    """`sizing.CostModel`'s coefficients: `fixed` plus `per_token` per request and draft token (`below` each up to
-    `knee` tokens a step)."""
-    return (fixed, 0.0, per_token, 0.0, knee, per_token if below is None else below)
+def cost_model(fixed: float, per_token: float, knee: int = 1, below: float | None = None) -> Any:
+    """A fixed step cost (`cost.StepCost.fixed`): `fixed` plus `per_token` per token the step computes (requests and
+    drafts), `below` each up to `knee` tokens."""
+    from vllm_lookahead.core.cost import StepCost
 
+    below = per_token if below is None else below
+    knee = max(int(knee), 1)
 
-def verify_known(tree: object, known: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
-    """Greedy verification of a tree against the output's known continuation `known`: (the target's argmax at each
-    node where the output says it, 0 elsewhere; the accepted nodes; the new tokens, cut where the output ends)."""
-    from vllm_lookahead.core.verify import greedy_verify
+    def seconds(t: int) -> float:
+        return fixed + below * min(t, knee) + per_token * max(0, t - knee)
 
-    on, _ = tree.follow(known)
-    # the target's argmax where it is known (the true path); elsewhere a token no draft has
-    argmax = [known[tree.depths[u]] if u in on and tree.depths[u] < len(known) else -1 for u in range(tree.num_nodes)]
-    accepted, new = greedy_verify(tree, argmax)
-    return [max(a, 0) for a in argmax], accepted, new[: len(known)]
+    points = sorted({1, knee, knee + 1, 1 << 16})
+    return StepCost.fixed(points, [seconds(t) for t in points], max_tokens=1 << 16)
 
 
 def replay(
     requests: Sequence[Sequence[Sequence]],
     params: object,
-    model: Sequence[float],
+    model: Any,
     warm: int = 0,
-    truth: Sequence[float] | None = None,
+    truth: Any = None,
     calibration: list[tuple[float, bool, bool]] | None = None,
     seed: Sequence[Sequence[int]] = (),
     oracle: bool = False,
@@ -206,15 +206,14 @@ def replay(
     cost (the sizing is then not used; the tree is still the state's, cut to `max_tree_nodes` by score, and the
     statistics still learn, for the sources that read them)."""
     from vllm_lookahead.core.acceptance import AcceptanceStats
-    from vllm_lookahead.core.cost import StepCost
     from vllm_lookahead.core.recycle import TokenRecycler
     from vllm_lookahead.core.sizing import plan_step, score_floor
     from vllm_lookahead.core.state import LookaheadState
     from vllm_lookahead.core.suffix import SuffixCandidates
 
     stats = AcceptanceStats()
-    cost = StepCost.frozen(model)
-    paid = cost if truth is None else StepCost.frozen(truth)
+    cost = model
+    paid = cost if truth is None else truth
     suffix = (
         SuffixCandidates.create(params.suffix_depth, params.suffix_cache_requests) if params.suffix_candidates else None
     )
@@ -304,7 +303,7 @@ def verify_chain(chain: Sequence[int], known: Sequence[int]) -> list[int]:
 
 def replay_suffix(
     requests: Sequence[Sequence[Sequence]],
-    model: Sequence[float],
+    model: Any,
     warm: int = 0,
     num_speculative_tokens: int = 8,
     chains: list[list[int]] | None = None,
@@ -317,11 +316,9 @@ def replay_suffix(
     import numpy as np
     from arctic_inference.suffix_decoding import SuffixDecodingCache
 
-    from vllm_lookahead.core.cost import StepCost
-
     d = vllm_suffix_defaults()
     max_depth = int(d["max_tree_depth"])
-    cost = StepCost.frozen(model)
+    cost = model
     cache = SuffixDecodingCache(max_tree_depth=max_depth, max_cached_requests=int(d["max_cached_requests"]))
     steps = tokens = drafts = 0
     seconds = 0.0
@@ -382,10 +379,10 @@ def _closed_loop(requests: Sequence[Sequence[Sequence]], concurrency: int, warm:
 def replay_batch(
     requests: Sequence[Sequence[Sequence]],
     params: object,
-    model: Sequence[float],
+    model: Any,
     concurrency: int,
     warm: int = 0,
-    truth: Sequence[float] | None = None,
+    truth: Any = None,
     max_tokens: int = 128,
     plugin_seconds: float = 0.0,
     method: str = "lookahead",
@@ -405,7 +402,6 @@ def replay_batch(
     import numpy as np
 
     from vllm_lookahead.core.acceptance import AcceptanceStats
-    from vllm_lookahead.core.cost import StepCost
     from vllm_lookahead.core.recycle import TokenRecycler
     from vllm_lookahead.core.state import LookaheadState
     from vllm_lookahead.core.suffix import SuffixCandidates
@@ -415,7 +411,7 @@ def replay_batch(
     from vllm_lookahead.glue.resting import Rests
 
     lookahead = method == "lookahead"
-    paid = StepCost.frozen(model if truth is None else truth)
+    paid = model if truth is None else truth
     if lookahead:
         stats = AcceptanceStats()
         suffix = (
@@ -428,7 +424,7 @@ def replay_batch(
         recycle = TokenRecycler() if params.recycle_candidates else None
         backend = type("Trees", (), {"trees": True})()
         drafting = Drafting(params, 1 << 30, 1, backend, RecyclingGate(recycle))
-        drafting.cost = StepCost.frozen(model)
+        drafting.cost = model
         rests = Rests()
     else:
         from arctic_inference.suffix_decoding import SuffixDecodingCache

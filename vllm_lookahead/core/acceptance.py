@@ -55,11 +55,11 @@ PRIOR_RATE = {
 WINDOW_FOUND = (Source.JACOBI, Source.WINDOW)
 PRIOR_RISE = 0.7
 PRIOR_WINDOW_VALUE = 0.02
-# Carried score behind the prior calibration of 1: a fresh engine sizes as the scores say, until some hundred
-# carried nodes say otherwise. The calibration stays within CALIBRATION_RANGE (float32, 2026-11-29, carried score
-# against accepted nodes a step: chat 1.30 / 0.86 at batch 1, 2.54 / 1.77 at 4 requests, 9.21 / 8.29 at 16; random
-# text 5.51 / 5.64).
-CALIBRATION_PRIOR = 20.0
+# The calibration's prior: before carried nodes say otherwise, a node is worth CALIBRATION_START of its score, as if
+# nodes scoring CALIBRATION_PRIOR in all had been carried; it stays within CALIBRATION_RANGE (docs/results.md, "Tuned
+# constants").
+CALIBRATION_START = 0.6
+CALIBRATION_PRIOR = 15.0
 CALIBRATION_RANGE = (0.25, 1.25)
 
 
@@ -78,7 +78,7 @@ class AcceptanceStats:
         self._weight = 1.0
         self._max_factors: dict[tuple[Source, int], float] = {}
         self._carried_score = CALIBRATION_PRIOR
-        self._carried_accepted = CALIBRATION_PRIOR
+        self._carried_accepted = CALIBRATION_PRIOR * CALIBRATION_START
 
     def factor(self, source: Source, depth: int) -> float:
         d = min(depth, MAX_DEPTH)

@@ -1,207 +1,324 @@
-"""What a decoding step costs, fitted to the engine's own steps (`StepCost`), so that it follows the machine, model,
-dtype and batch.
+"""What a decoding step costs against the tokens it computes, learned from the engine's own steps whatever the
+curve's shape (`StepCost`).
 
-A decoding step with R requests and D draft tokens computes T = R + D tokens and costs
-c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B seconds,
-where B is 1 when a scheduled tree branches. Up to the knee a step is bound by reading the weights, and a token more
-costs little (per_draft_below); past it by arithmetic, and each token costs per_draft. On a 2-core CPU at batch 1 a
-step of 1-6 tokens costs about the same and each token beyond costs about 1.3 ms; on a GPU, where a forward over many
-tokens costs little more than over one, the knee lies far out. B is the tree attention path's own price where it has
-one: on a CPU in the amx layout a branched tree runs the tree kernel beside vLLM's kernel on the other rows, layer
-by layer, where a chain of drafts runs vLLM's kernel alone (in the vec layout the tree kernel takes every small
-request's rows, and the fit finds no price). The cost is convex in D (per_draft >= per_draft_below), which the
-sizing relies on.
+A step of R decoding requests and D draft tokens computes T = R + D tokens. Its price is a curve in T for each
+request count, monotone but neither convex nor concave by assumption:
+
+    price(R, T) = seed(T) + excess(R, T)
+
+- `seed(T)`: forward passes the engine timed at start-up (`StepCost.seed`: T = 1, 2, 4, ... up to the largest tree,
+  in the engine's dtype, cache layout and graph mode), past the last one along its last slope. Before a seed: a line,
+  1 + PRIOR_SLOPE per token, in units of the first step timed.
+- `excess(R, T)`: what the timed steps cost beyond the seed (the engine's scheduling and sampling, the plugin, longer
+  contexts, more requests): per cell of (band of R, grid point of T, whether a tree branched), the median of the
+  cell's recent steps; between measured cells it is interpolated along T, past them held flat; where no step was
+  measured it is never below 0, so a size nobody measured is priced from the seed, never below it. A branched step
+  where no branched step was measured is priced as an unbranched one; a band with nothing measured borrows the
+  nearest measured band's excess.
+The prices along T are then made non-decreasing (isotonic regression, weighted by the steps behind each cell) and
+rise at least MIN_SLOPE_SHARE of the seed's slope, so that every token costs something (`PriceCurve`).
 """
 
 from __future__ import annotations
 
-import os
+import bisect
+from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from dataclasses import dataclass, field
 
 import numpy as np
 
-# Before any step was timed, relative units: a step costs 1 + PRIOR_SLOPE per token it computes.
-PRIOR_SLOPE = 0.03
-# Weight of the prior on each slope, in steps: enough to keep the first estimates sane, little enough that a few
-# hundred steps override it wherever the batch varies what the slope multiplies.
-PRIOR_WEIGHT = 2.0
-# Where the prior on a slope sits: as if PRIOR_WEIGHT steps had differed by this many requests or drafts.
-PRIOR_SPREAD = 8.0
-# Weight of the branch price's prior (0), in branched steps. At a large batch trees seldom branch, so a handful of
-# branched steps is all the fit sees of the price, and one of them slowed by the machine priced branching out of the
-# rest of a run (48.9 ms from 5 branched steps at 16 requests, other rounds 0.9-4.9 ms, on an AVX2
-# host), where a price nothing measures only fades.
-BRANCH_PRIOR_WEIGHT = 16.0
-DECAY = 0.995  # per observed step: about two hundred steps of memory
-# Once the fit has this many steps' weight, it is solved again every RESOLVE_EVERY steps rather than every step (a
-# solve is about 0.25 ms in the engine: every 4 steps it was 0.5% of a 15 ms step at 4 requests on a CPU; sixteen
-# steps move a fit of two hundred steps' memory by little).
-SETTLED = 64.0
-RESOLVE_EVERY = 16
-# The knees tried (tokens a step computes): each has its own fit, and the one that fits the recent steps best is used.
-# A knee of 1 is the straight line (every token at per_draft).
-KNEES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256, 384, 512)
-# A knee is tried only where at least this share of the recent steps' weight lies on each side of it; otherwise the
-# slope on its thin side is a few steps' noise, extrapolated. At 64 requests on a CPU nearly every step mixes in a
-# prompt and is not timed, so the sizing there runs on what the fit learned before: a knee at 96 tokens fitted at 16
-# requests (0.77 ms a token past it, 0.43 below) cut the drafts at 64 requests to a third (3.2 tokens a forward
-# against 8.4 in the round before, bfloat16 random text, 0.94x suffix's tokens/s against 1.07x), where the steps
-# traced on the same server lie on a line (0.45-0.52 ms a token); in that trace the knee jumped to 384 on four steps
-# past it. The thin side is measured once the sizing crosses the knee.
-KNEE_SUPPORT = 0.2
+# Before any seed: a step costs 1 + PRIOR_SLOPE per token it computes, in units of the first step timed.
+PRIOR_SLOPE = 0.1
+# Tokens a step computes at which prices are kept (the curve is linear between them).
+GRID = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768,
+        1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 65536)  # fmt: skip
+# Upper edges of the bands of request counts that share a curve.
+BANDS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096, 1 << 30)
+CELL_STEPS = 16  # the recent steps a cell keeps; its price is their median
+MIN_STEPS = 3  # steps a cell needs before its median counts as measured
+MEMORY = 1024  # steps after which a cell's step is forgotten (the size is then priced from its neighbours again)
+MIN_SLOPE_SHARE = 0.25  # the least a token costs, as a share of the seed's slope there
+SEED_FLOOR_SLOPE = 1e-4  # the least a token costs in the seed, as a share of its one-token step
+UNMEASURED_WEIGHT = 0.25  # weight of an unmeasured grid point in the isotonic regression (a measured one: its steps)
+REBUILD_EVERY = 4  # once a curve rests on this many measured cells, it is rebuilt at most every so many steps
+TABLE_TOKENS = 256  # the least a curve's table of prices by whole token counts holds
 
 
-def knees() -> tuple[int, ...]:
-    """KNEES, or the straight line alone with VLLM_LOOKAHEAD_COST_KNEE=0 (the knee's before/after in a benchmark)."""
-    return (1,) if os.environ.get("VLLM_LOOKAHEAD_COST_KNEE", "1") == "0" else KNEES
+@dataclass(frozen=True)
+class PriceCurve:
+    """Seconds of a step against the tokens it computes, for one band of request counts: linear between the grid
+    points, non-decreasing, along the last slope past the grid."""
+
+    tokens: np.ndarray  # grid points, ascending (float)
+    seconds: np.ndarray  # the price at each, non-decreasing
+    least_slope: np.ndarray  # [k]: the least slope of the segments from grid point k on (the last: the last slope)
+    _table: list[np.ndarray] = field(default_factory=list, compare=False, repr=False)  # prices at 0, 1, 2, ... tokens
+
+    def span(self, first: int, n: int) -> np.ndarray:
+        """Prices at first, first + 1, ..., first + n - 1 tokens (from a table of whole token counts, made once: the
+        sizing asks every step)."""
+        end = first + n
+        if not self._table or len(self._table[0]) < end:
+            self._table[:] = [self.prices(np.arange(max(2 * end, TABLE_TOKENS), dtype=float))]
+        return self._table[0][first:end]
+
+    def at(self, tokens: float) -> float:
+        t, s = self.tokens, self.seconds
+        if tokens > t[-1]:
+            return float(s[-1] + (tokens - t[-1]) * self.least_slope[-1])
+        return float(np.interp(tokens, t, s))
+
+    def prices(self, tokens: np.ndarray) -> np.ndarray:
+        t, s = self.tokens, self.seconds
+        out = np.interp(tokens, t, s)
+        past = tokens > t[-1]
+        if past.any():
+            out[past] = s[-1] + (tokens[past] - t[-1]) * self.least_slope[-1]
+        return out
+
+    def least_marginal(self, tokens: float) -> float:
+        """The least that one token more costs anywhere from `tokens` on: the bar below which no node ever pays."""
+        k = min(max(bisect.bisect_right(self.tokens.tolist(), tokens) - 1, 0), len(self.tokens) - 1)
+        return float(self.least_slope[k])
 
 
-class CostModel(NamedTuple):
-    """c = fixed + per_request * R + per_draft_below * min(T, knee) + per_draft * max(0, T - knee) + branch * B."""
+def _non_decreasing(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest to y in squares weighted by w (pool adjacent violators)."""
+    vals: list[float] = []
+    wts: list[float] = []
+    lens: list[int] = []
+    for yi, wi in zip(y.tolist(), w.tolist(), strict=True):
+        vals.append(yi)
+        wts.append(wi)
+        lens.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            v2, w2, n2 = vals.pop(), wts.pop(), lens.pop()
+            v1, w1, n1 = vals.pop(), wts.pop(), lens.pop()
+            vals.append((v1 * w1 + v2 * w2) / (w1 + w2))
+            wts.append(w1 + w2)
+            lens.append(n1 + n2)
+    return np.repeat(vals, lens)
 
-    fixed: float
-    per_request: float
-    per_draft: float  # a token's price past the knee
-    branch: float
-    knee: int = 1
-    per_draft_below: float = 0.0  # a token's price up to the knee
 
-    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
-        t = requests + drafts
-        k = self.knee
-        below = min(t, k) * self.per_draft_below + max(0, t - k) * self.per_draft
-        return max(self.fixed + self.per_request * requests + below + (self.branch if branched else 0.0), 1e-9)
+def _curve(tokens: np.ndarray, seconds: np.ndarray, least: np.ndarray) -> PriceCurve:
+    """A PriceCurve through (tokens, seconds) whose segment k rises at least least[k] per token: each point at least
+    any point left of it plus the least rises between them."""
+    gaps = np.diff(tokens)
+    rise = np.concatenate(([0.0], np.cumsum(least * gaps)))
+    out = rise + np.maximum.accumulate(seconds - rise)
+    slopes = np.diff(out) / gaps
+    tail = np.minimum.accumulate(slopes[::-1])[::-1]
+    return PriceCurve(tokens, out, np.append(tail, slopes[-1]))
 
-    def marginal(self, requests: int, drafts: int) -> float:
-        """What one draft token more costs a step that computes requests + drafts tokens."""
-        return self.per_draft_below if requests + drafts < self.knee else self.per_draft
+
+class _Cell:
+    """A grid point's recent steps of one band: (step number, seconds beyond the seed), and their median."""
+
+    __slots__ = ("steps", "median")
+
+    def __init__(self) -> None:
+        self.steps: deque[tuple[int, float]] = deque(maxlen=CELL_STEPS)
+        self.median: float | None = None  # None: to be computed again
+
+    def add(self, step: int, excess: float) -> None:
+        self.steps.append((step, excess))
+        self.median = None
+
+    def measured(self, oldest: int) -> float | None:
+        """The median of the steps since `oldest`, if there are MIN_STEPS of them."""
+        steps = self.steps
+        while steps and steps[0][0] < oldest:
+            steps.popleft()
+            self.median = None
+        if len(steps) < MIN_STEPS:
+            return None
+        if self.median is None:
+            ordered = sorted(e for _, e in steps)
+            mid = len(ordered) // 2
+            self.median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+        return self.median
 
 
 class StepCost:
-    """The step's cost (`CostModel`) as a weighted least-squares fit over recent steps, one per knee of KNEES, of
-    which the one the Bayesian information criterion prefers among the convex ones (per_draft >= per_draft_below)
-    with a fair share of the steps on each side (KNEE_SUPPORT) is used: a knee must fit the steps better than the
-    straight line by more than its two parameters' worth.
-    Each slope is pulled toward a prior (per_draft = per_draft_below = PRIOR_SLOPE * fixed as the first step
-    suggests, per_request = 0, branch = 0 worth BRANCH_PRIOR_WEIGHT branched steps) where the steps say little about
-    it: a branch price that no recent step measured decays to 0, so trees are tried again and measured afresh.
-    `relative_node_cost` fixes the costs instead (1 + relative_node_cost per request or draft, no knee, no branch
-    price), for reproducible tree sizes; `frozen` fixes any coefficients (e.g. a run's fitted ones, read back from
-    its stats)."""
+    """The step's price (`PriceCurve` per band of request counts and per branched or not), from the start-up seed
+    and the engine's timed steps (module docstring). `relative_node_cost` fixes the curve instead (a step costs
+    1 + relative_node_cost per token it computes, nothing learned): reproducible tree sizes. `max_tokens`: the most
+    tokens a step can compute (the grid stops there)."""
 
-    def __init__(self, relative_node_cost: float | None = None) -> None:
-        s = relative_node_cost
-        self._frozen: CostModel | None = None if s is None else CostModel(1.0, 0.0, s, 0.0, 1, s)
-        self._knee_list = knees()
-        n = len(self._knee_list)
-        self._knees = np.array(self._knee_list, dtype=float)
-        self._xtx = np.zeros((n, 5, 5))
-        self._xty = np.zeros((n, 5))
-        self._yy = 0.0
-        self._n = 0.0  # the steps' summed (decayed) weights
-        self._beyond = np.zeros(n)  # per knee, the (decayed) weight of the steps that computed more tokens than it
-        self._prior: float | None = None  # the prior slope (seconds per token) once a first step was seen
-        self._fit: CostModel | None = None  # the last solution
-        self._stale = 0  # observations since it was solved
-        self._pending: list[tuple[int, int, bool, float]] = []  # observed, not yet in the sums (`_fold`)
-
-    def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
-        if self._frozen is not None or seconds <= 0 or requests <= 0:
-            return
-        t = requests + drafts
-        if self._prior is None:
-            self._prior = seconds / (1 + PRIOR_SLOPE * t) * PRIOR_SLOPE
-        # Into the sums when the fit is next solved (`_fold`): one vectorized update every RESOLVE_EVERY steps costs
-        # a third of what a dozen small numpy calls a step did (0.06 ms a step in the engine, where caches are cold).
-        self._pending.append((requests, t, branched, seconds))
-        self._n = self._n * DECAY + 1.0
-        self._stale += 1
-
-    def _fold(self) -> None:
-        """The pending steps into the decayed sums, each weighted as if it had been added when observed."""
-        if not self._pending:
-            return
-        rows = np.array(self._pending, dtype=float)  # requests, tokens, branched, seconds
-        self._pending.clear()
-        m, k = len(rows), self._knees
-        w = DECAY ** np.arange(m - 1, -1, -1)  # the older a step, the more decays it has seen since
-        r, t, b, y = rows.T
-        x = np.empty((len(k), 5, m))  # per knee, the steps' regressors as columns
-        x[:, 0] = 1.0
-        x[:, 1] = r
-        x[:, 2] = np.minimum(t, k[:, None])
-        x[:, 3] = np.maximum(0.0, t - k[:, None])
-        x[:, 4] = b
-        keep = DECAY**m
-        self._xtx = self._xtx * keep + (x * w) @ x.transpose(0, 2, 1)
-        self._xty = self._xty * keep + x @ (w * y)
-        self._yy = self._yy * keep + float(w @ (y * y))
-        self._beyond = self._beyond * keep + (t > k[:, None]) @ w
-
-    def coefficients(self) -> CostModel:
-        """The cost model in seconds (relative units before any step was timed)."""
-        if self._frozen is not None:
-            return self._frozen
-        if self._prior is None:
-            return CostModel(1.0, 0.0, PRIOR_SLOPE, 0.0, 1, PRIOR_SLOPE)
-        if self._fit is None or self._stale >= (1 if self._n < SETTLED else RESOLVE_EVERY):
-            self._fit = self._solve(self._prior)
-            self._stale = 0
-        return self._fit
-
-    def _solve(self, s: float) -> CostModel:
-        self._fold()
-        # The prior as pseudo-rows on the slopes alone (the intercept is always measured): w * (spread * (k - k0))^2.
-        ridge = PRIOR_WEIGHT * PRIOR_SPREAD**2
-        reg = np.diag([0.0, ridge, ridge, ridge, BRANCH_PRIOR_WEIGHT])
-        prior = np.array([0.0, 0.0, ridge * s, ridge * s, 0.0])
-        # positive definite: one step observed, and a ridge on each slope
-        a, v = self._xtx + reg, self._xty + prior
-        beta = np.linalg.solve(a, v[:, :, None])[:, :, 0]
-        # A request costs at least a draft token: its own token is one more row, and it adds its own bookkeeping.
-        # Where drafts vary little (a large batch that seldom drafts), the free fit splits a row's price between the
-        # two slopes at random: at 64 bfloat16 code requests on a 2-core CPU, a draft at 1.13-1.29 ms and a request
-        # at -0.09 to -0.22 ms, where a step costs about 1.2 ms a row, drafts or not, and the sizing drafted in half
-        # as many request-steps. There the knee is fitted again without the request's slope (so it is never < 0).
-        low = np.flatnonzero(beta[:, 1] < 0)
-        if low.size:
-            k = np.array([0, 2, 3, 4])
-            beta[low] = 0.0
-            beta[low[:, None], k] = np.linalg.solve(a[low][:, k][:, :, k], v[low][:, k, None])[:, :, 0]
-        # each knee's weighted squared error over the steps (the prior's pseudo-rows left out)
-        sse = self._yy - 2 * np.einsum("ki,ki->k", beta, self._xty) + np.einsum("ki,kij,kj->k", beta, self._xtx, beta)
-        # A knee must earn its two more parameters (where it lies, the slope below it), as the Bayesian information
-        # criterion prices them: where the steps show no knee (at 16 requests every step is past any knee there is)
-        # the straight line stands, rather than a knee that fits the noise and misprices the tokens on its far side.
-        n = max(self._n, 1.0)
-        score = n * np.log(np.maximum(sse, 1e-12 * n) / n) + np.where(self._knees > 1, 2 * np.log(n + 1), 0.0)
-        # below the knee a token may cost less than past it, not more (a concave cost would end the search early),
-        # and both its slopes are measured: each side holds a fair share of the steps (KNEE_SUPPORT)
-        convex = beta[:, 3] >= beta[:, 2]
-        side = KNEE_SUPPORT * self._n
-        supported = (self._beyond >= side) & (self._n - self._beyond >= side)
-        eligible = convex & supported
-        eligible[0] = True  # knee 1, the line: every token is past it (its per_draft_below multiplies a constant)
-        best = int(np.argmin(np.where(eligible, score, np.inf)))
-        a, r, below, above, b = (float(v) for v in beta[best])
-        above, b = max(above, 0.0), max(b, 0.0)
-        if best == 0:  # knee 1: min(T, 1) = 1 is part of the intercept; the line's one slope serves both sides
-            a, below = a + below - above, above
-        else:
-            below = min(max(below, 0.0), above)
-        return CostModel(max(a, 1e-9), r, above, b, self._knee_list[best], below)
+    def __init__(self, relative_node_cost: float | None = None, max_tokens: int = 8192) -> None:
+        top = max(int(max_tokens), 2)
+        self._grid = np.array(sorted({g for g in GRID if g < top} | {top}), dtype=float)
+        self._grid_list = self._grid.tolist()
+        self._frozen = False
+        self._seed: np.ndarray | None = None  # the seed's price at each grid point
+        self._seed_kind = "none"  # none, relative (the prior, before any step), prior (in seconds), seed, fixed
+        self.seed_points: tuple[tuple[int, ...], tuple[float, ...]] = ((), ())  # the start-up timings given
+        self._cells: dict[tuple[int, bool], dict[int, _Cell]] = {}  # (band, branched) -> grid point -> its cell
+        self._steps = 0  # steps observed
+        self._version = 0  # bumped by each observation or seed
+        self._curves: dict[tuple[int, bool], tuple[int, int, bool, PriceCurve]] = {}
+        self._known: dict[tuple[int, bool], tuple[int, tuple | None]] = {}  # `_measured`, as of a version
+        if relative_node_cost is not None:
+            self._set_seed([1.0, 2.0], [1.0 + relative_node_cost, 1.0 + 2 * relative_node_cost], "fixed")
+            self._frozen = True
 
     @classmethod
-    def frozen(cls, coefficients: Sequence[float]) -> StepCost:
-        """Fixed coefficients, in CostModel's order."""
-        cost = cls()
-        c = [float(v) for v in coefficients]
-        cost._frozen = CostModel(c[0], c[1], c[2], c[3], int(c[4]), c[5])
+    def fixed(cls, tokens: Sequence[float], seconds: Sequence[float], max_tokens: int = 8192) -> StepCost:
+        """A curve that learns nothing: a step of any batch costs `seconds` at `tokens` (linear between, along the
+        last slope past them)."""
+        cost = cls(max_tokens=max_tokens)
+        cost._set_seed(tokens, seconds, "fixed")
+        cost._frozen = True
         return cost
 
-    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
-        return self.coefficients().seconds(requests, drafts, branched)
+    # -- what it learns from ---------------------------------------------------------------------------------------
+    def seed(self, tokens: Sequence[int], seconds: Sequence[float]) -> None:
+        """Start-up timings: a forward pass of one request computing tokens[i] tokens took seconds[i]."""
+        if self._frozen:
+            return
+        pairs = sorted((int(t), float(s)) for t, s in zip(tokens, seconds, strict=True) if t >= 1 and s > 0)
+        if not pairs:
+            return
+        self.seed_points = (tuple(t for t, _ in pairs), tuple(s for _, s in pairs))
+        self._set_seed([t for t, _ in pairs], [s for _, s in pairs], "seed")
+        self._cells.clear()  # what was measured beyond an earlier seed is measured again beyond this one
 
-    def marginal(self, requests: int, drafts: int) -> float:
-        return self.coefficients().marginal(requests, drafts)
+    def _set_seed(self, tokens: Sequence[float], seconds: Sequence[float], kind: str) -> None:
+        t, first = np.unique(np.asarray(tokens, dtype=float), return_index=True)
+        s = _non_decreasing(np.asarray(seconds, dtype=float)[first], np.ones(len(t)))
+        if len(t) == 1:  # one point: the prior's slope from it
+            t, s = np.array([t[0], t[0] + 1.0]), np.array([s[0], s[0] * (1 + PRIOR_SLOPE)])
+        floor = 0.0 if kind == "fixed" else SEED_FLOOR_SLOPE * s[0]
+        self._seed = _curve(t, s, np.full(len(t) - 1, floor)).prices(self._grid)
+        self._seed_kind = kind
+        self._version += 1
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the prices rest on start-up timings (or are fixed)."""
+        return self._seed_kind in ("seed", "fixed")
+
+    def observe(self, requests: int, drafts: int, branched: bool, seconds: float) -> None:
+        """A timed decoding step: `requests` requests, `drafts` draft tokens, whether a tree branched, its seconds."""
+        if self._frozen or seconds <= 0 or requests <= 0:
+            return
+        t = requests + drafts
+        if self._seed_kind in ("none", "relative"):  # no start-up seed: the prior line, in units of this step
+            one = seconds / (1 + PRIOR_SLOPE * (t - 1))
+            self._set_seed([1.0, 2.0], [one, one * (1 + PRIOR_SLOPE)], "prior")
+        key = (_band(requests), bool(branched))
+        cells = self._cells.setdefault(key, {})
+        g = self._nearest(t)
+        cell = cells.get(g)
+        if cell is None:
+            cell = cells[g] = _Cell()
+        cell.add(self._steps, seconds - self._seed_at(t))
+        self._steps += 1
+        self._version += 1
+
+    def _nearest(self, tokens: int) -> int:
+        """The grid point nearest to `tokens` in ratio."""
+        grid = self._grid_list
+        k = bisect.bisect_left(grid, tokens)
+        if k >= len(grid):
+            return len(grid) - 1
+        if k > 0 and tokens * tokens < grid[k - 1] * grid[k]:
+            return k - 1
+        return k
+
+    def _seed_at(self, tokens: float) -> float:
+        g, s = self._grid, self._seed
+        if tokens > g[-1]:
+            return float(s[-1] + (tokens - g[-1]) * (s[-1] - s[-2]) / (g[-1] - g[-2]))
+        return float(np.interp(tokens, g, s))
+
+    # -- prices --------------------------------------------------------------------------------------------------
+    def curve(self, requests: int, branched: bool = False) -> PriceCurve:
+        """The price of a step of `requests` decoding requests against the tokens it computes."""
+        if self._seed is None:  # nothing timed yet: the prior line in units of a one-token step
+            self._set_seed([1.0, 2.0], [1.0, 1.0 + PRIOR_SLOPE], "relative")
+        key = (_band(requests), bool(branched))
+        cached = self._curves.get(key)
+        if cached is not None:
+            version, built, settled, curve = cached
+            if version == self._version or (settled and self._steps - built < REBUILD_EVERY):
+                return curve
+        if key[1] and (self._frozen or self._measured(key) is None):
+            curve, settled = self.curve(requests), False  # no branched step measured: priced as unbranched
+        else:
+            curve, settled = self._build(key)
+        self._curves[key] = (self._version, self._steps, settled, curve)
+        return curve
+
+    def _measured(self, key: tuple[int, bool]) -> tuple[list[int], list[float], list[int]] | None:
+        """(grid indices, median excess, steps) of the key's measured cells; None if none is measured."""
+        cells = self._cells.get(key)
+        if cells is None:
+            return None
+        known = self._known.get(key)
+        if known is not None and known[0] == self._version:
+            return known[1]
+        oldest = self._steps - MEMORY
+        idx, med, steps = [], [], []
+        for g in sorted(cells):
+            m = cells[g].measured(oldest)
+            if m is not None:
+                idx.append(g)
+                med.append(m)
+                steps.append(len(cells[g].steps))
+        out = (idx, med, steps) if idx else None
+        self._known[key] = (self._version, out)
+        return out
+
+    def _build(self, key: tuple[int, bool]) -> tuple[PriceCurve, bool]:
+        seed, grid = self._seed, self._grid
+        excess = np.zeros_like(grid)
+        weight = np.full_like(grid, UNMEASURED_WEIGHT)
+        measured = None if self._frozen else self._measured(key)
+        if measured is not None:
+            idx, med, steps = measured
+            excess = np.maximum(np.interp(grid, grid[idx], med), 0.0)  # unmeasured: never below the seed
+            excess[idx] = med
+            weight[idx] = steps
+        elif not self._frozen:
+            borrowed = self._borrowed(*key)
+            if borrowed is not None:
+                excess = np.maximum(borrowed, 0.0)
+        prices = _non_decreasing(seed + excess, weight)
+        least = MIN_SLOPE_SHARE * np.maximum(np.diff(seed) / np.diff(grid), 0.0)
+        return _curve(grid, prices, least), measured is not None and len(measured[0]) >= 2
+
+    def _borrowed(self, band: int, branched: bool) -> np.ndarray | None:
+        """The excess along the grid of the nearest measured curve: the same band's other kind of step, then the
+        nearest band's (the band below first, unbranched first)."""
+        keys = [(band, not branched)]
+        for d in range(1, len(BANDS)):
+            keys += [(band - d, False), (band - d, True), (band + d, False), (band + d, True)]
+        for key in keys:
+            measured = self._measured(key)
+            if measured is not None:
+                idx, med, _ = measured
+                return np.interp(self._grid, self._grid[idx], med)
+        return None
+
+    def seconds(self, requests: int, drafts: int, branched: bool = False) -> float:
+        return self.curve(requests, branched).at(requests + drafts)
+
+    def summary(self, requests: int = 1) -> dict[str, float]:
+        """For the worker's stats: a step's price at a few sizes (seconds; relative units if fixed or untimed), a
+        branched one's at 8 tokens, and the start-up seed's points (how many; their prices at the same sizes)."""
+        curve = self.curve(requests)
+        out = {f"step_cost_t{t}": curve.at(t) for t in SUMMARY_TOKENS}
+        out["step_cost_branched_t8"] = self.curve(requests, True).at(8)
+        out["step_cost_seed_points"] = float(len(self.seed_points[0]))
+        if self._seed_kind == "seed":
+            out |= {f"step_cost_seed_t{t}": self._seed_at(t) for t in SUMMARY_TOKENS}
+        return out
+
+
+SUMMARY_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _band(requests: int) -> int:
+    return bisect.bisect_left(BANDS, requests)

@@ -1,31 +1,39 @@
-"""How many tree nodes each request's step carries: as many as raise the expected tokens per second.
+"""How many tree nodes each request's step carries: the plan with the most expected tokens per second.
 
-A step's requests yield R tokens for sure plus, in expectation, the scores of their draft nodes (each node's
-probability of being accepted, times its request's `AcceptanceStats.calibration`: `scales`). With c the step's cost
-(`cost.StepCost`), adding a node of score p pays iff (Y + p) / (c + m) > Y / c, i.e. p > Y * m / c, where Y is the
-yield so far and m the price of one more token (`StepCost.marginal`). The cost is convex in the drafts, so the bar
-only rises as nodes are taken and the first node that does not pay ends the search. `choose_sizes` adds nodes across
-all requests in descending score while they pay: small trees where tokens are dear (a CPU, a large batch), large ones
-where they are nearly free (a GPU, or a CPU below its knee), none where nothing is likely enough. `plan_step` weighs
-the trees against each request's best chain alone, which saves the branch price.
+A step's requests yield R tokens for sure plus, in expectation, the worth of their draft nodes (each node's chance of
+being accepted: its score times its request's `AcceptanceStats.calibration`, `scales`). For each total D of draft
+nodes the best plan takes the D worthiest nodes across all requests (a child never outscores its parent, so they form
+trees); it is expected to yield E(D) = R + their worth and costs the step's price at T = R + D tokens
+(`cost.StepCost`, a curve of any shape). `choose_sizes` takes the D with the highest E(D) / price, over every total it
+could carry, if it beats plain decoding by MARGIN: small trees where tokens are dear (a CPU, a large batch), large ones
+where they are nearly free (a GPU, AMX), none where nothing is likely enough, and on a concave curve (the first draft
+tokens the dearest) either none or enough to pay for them. `plan_step` weighs the trees against each request's best
+chain alone, which runs without the tree attention path's price where it has one.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from vllm_lookahead.core.cost import StepCost
 from vllm_lookahead.core.tree import StepTree
 
+# A plan with drafts must beat plain decoding's expected rate by this share: worth is estimated, and where a plan's
+# gain is smaller than that estimate's error it loses as often as it wins (docs/results.md, "Tuned constants").
+MARGIN = 0.02
+
 
 def score_floor(cost: StepCost, requests: int) -> float:
-    """The bar a node's score must clear before `choose_sizes` takes any node, in any plan of `plan_step`: the bar
-    only rises as nodes are taken (a node raises it exactly when it clears it), so no node scoring at or below
-    this is ever taken, and the sources need not draft such nodes at all (at a large batch on a CPU, most of
-    them)."""
-    return requests * cost.marginal(requests, 0) / cost.seconds(requests, 0, branched=True)
+    """A score at or below which no node is in any plan `plan_step` chooses, so the sources need not draft such
+    nodes at all (at a large batch on a CPU, most of them). The best plan's rate r is at least plain decoding's,
+    R / c(R), and its last node, of score p, must not lower it: p >= r * (what that node costs) >= R / c(R) * the
+    least a token costs from T = R on."""
+    plain = cost.curve(requests)
+    least = min(plain.least_marginal(requests), cost.curve(requests, True).least_marginal(requests))
+    return requests * least / plain.at(requests)
 
 
 @dataclass
@@ -51,36 +59,51 @@ def choose_sizes(
     """Nodes (root included, >= 1) to keep of each tree (each ordered best first, `StepTree.by_score`).
 
     caps[i]: most nodes tree i may keep; requests: the step's decoding requests (lookahead's trees and others,
-    each yields its x0's token); budget: most non-root nodes in all; branched: price the step with the branch
-    cost from its first node on (the trees may branch); scales[i]: what tree i's scores are worth (its request's
-    calibration; default 1).
+    each yields its x0's token); budget: most non-root nodes in all; branched: price the step as one whose trees
+    may branch; scales[i]: what tree i's scores are worth (its request's calibration; default 1).
     """
-    model = cost.coefficients()
-    seconds = model.seconds(requests, 0, branched)
-    sizes = [1] * len(trees)
-    expected = float(requests)
-    scale = [1.0] * len(trees) if scales is None else scales
-    # (negated worth, tree): always the best node not yet taken whose parent is taken (trees are ordered best
-    # first, so each tree offers its next node).
-    heap = [(-t.scores[1] * scale[i], i) for i, t in enumerate(trees) if t.num_nodes > 1 and caps[i] > 1]
-    heapq.heapify(heap)
-    added = 0
-    while heap and added < budget:
-        neg, i = heapq.heappop(heap)
-        p = -neg
-        price = model.marginal(requests, added)
-        if p * seconds <= expected * price:
-            break  # the best remaining node does not pay, so no other does (the bar only rises)
-        sizes[i] += 1
-        added += 1
-        seconds += price
-        expected += p
-        t = trees[i]
-        if sizes[i] < min(t.num_nodes, caps[i]):
-            heapq.heappush(heap, (-t.scores[sizes[i]] * scale[i], i))
-    if not added:
-        seconds = model.seconds(requests, 0)  # plain decoding: no branch to pay for
-    return Sizes(sizes, expected, seconds)
+    return _choose([t.scores for t in trees], caps, requests, cost, budget, branched, scales)
+
+
+def _choose(
+    scores: Sequence[Sequence[float]],
+    caps: Sequence[int],
+    requests: int,
+    cost: StepCost,
+    budget: int,
+    branched: bool = False,
+    scales: Sequence[float] | None = None,
+) -> Sizes:
+    """`choose_sizes` of trees given by their nodes' scores (in their order, the root's first)."""
+    plain = cost.seconds(requests, 0)  # no drafts: nothing branches
+    sizes = [1] * len(scores)
+    flat: list[float] = []
+    lengths: list[int] = []
+    for sc, cap in zip(scores, caps, strict=True):
+        n = max(min(len(sc), cap) - 1, 0)
+        flat.extend(sc[1 : n + 1])
+        lengths.append(n)
+    if not flat or budget <= 0:
+        return Sizes(sizes, float(requests), plain)
+    values = np.asarray(flat, dtype=float)
+    if scales is not None:
+        values *= np.repeat(np.asarray(scales, dtype=float), lengths)
+    # The nodes in descending worth, ties in their order (a tree's own order first: parents before children); one
+    # tree is in that order already.
+    several = sum(1 for n in lengths if n) > 1
+    order = np.argsort(-values, kind="stable")[:budget] if several else np.arange(min(len(values), budget))
+    expected = requests + np.cumsum(values[order])
+    seconds = cost.curve(requests, branched).span(requests + 1, len(order))
+    rates = expected / seconds
+    best = int(np.argmax(rates))
+    if not rates[best] > requests / plain * (1 + MARGIN):
+        return Sizes(sizes, float(requests), plain)
+    if several:
+        counts = np.bincount(np.repeat(np.arange(len(scores)), lengths)[order[: best + 1]], minlength=len(scores))
+        sizes = (counts + 1).tolist()
+    else:
+        sizes[next(i for i, n in enumerate(lengths) if n)] += best + 1
+    return Sizes(sizes, float(expected[best]), float(seconds[best]))
 
 
 def plan_step(
@@ -91,16 +114,16 @@ def plan_step(
     budget: int,
     scales: Sequence[float] | None = None,
 ) -> tuple[list[StepTree], list[int]]:
-    """The step's trees and their sizes: each request's best chain alone (`StepTree.best_chain`), or the trees
-    themselves where what their branches add is worth the branch price. Either way no better plan than plain
-    decoding is passed over: a node is only taken when it pays."""
-    if cost.coefficients().branch <= 0:  # no branch price: the trees hold the chains and more
-        return list(trees), choose_sizes(trees, caps, requests, cost, budget, scales=scales).sizes
-    chains = [t.best_chain() for t in trees]
-    by_chain = choose_sizes(chains, caps, requests, cost, budget, scales=scales)
+    """The step's trees and their sizes: the trees themselves, priced as a step whose trees branch, or each request's
+    best chain alone (`StepTree.best_chain`), priced as one without, whichever is expected to yield more per second.
+    Either way no better plan than plain decoding is passed over."""
     by_tree = choose_sizes(trees, caps, requests, cost, budget, branched=True, scales=scales)
-    # A best-first prefix without a branch is the best chain's prefix: then the chains, priced without the branch.
     branches = any(not t.prefix_is_chain(k) for t, k in zip(trees, by_tree.sizes, strict=True))
+    if branches and cost.curve(requests, True) is cost.curve(requests):
+        return list(trees), by_tree.sizes  # branching costs nothing more: the trees hold the chains and more
+    # A best-first prefix without a branch is the best chain's prefix: then the chains, priced without the branch
+    # (the chains themselves are made only if they are the plan).
+    by_chain = _choose([t.best_chain_scores() for t in trees], caps, requests, cost, budget, scales=scales)
     if branches and by_tree.rate > by_chain.rate:
         return list(trees), by_tree.sizes
-    return chains, by_chain.sizes
+    return [t.best_chain() for t in trees], by_chain.sizes

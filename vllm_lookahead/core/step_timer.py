@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-# An engine's first decoding steps pay first-use costs (allocations, kernels' first runs). Traced in one process on a
-# 2-core CPU, 4 requests after a repetitive warm-up, the first three timed steps took 1.1-2.5x what a line fitted to
-# the later steps gives (bfloat16: 43 and 46 ms for 60 and 64 tokens, then 37.6 ms for 4 tokens, which later took
-# 14.8 ms). Fitted, they made a step's cost look flat up to a knee at 32-40 tokens for the next hundred steps, so that
-# every draft below it looked free and the trees filled it (28 drafts a step on chat prompts, steps of 26-28 ms where
-# plain steps took 15). They are left out.
+# An engine's first decoding steps pay first-use costs (allocations, kernels' first runs on new shapes) that later
+# steps do not: they are left out of the fit (docs/results.md, "Tuned constants").
 COLD_STEPS = 4
-
-
-def cold_steps() -> int:
-    """COLD_STEPS, or VLLM_LOOKAHEAD_COST_COLD_STEPS (0: every step fitted, the rule's before/after in a benchmark)."""
-    return int(os.environ.get("VLLM_LOOKAHEAD_COST_COLD_STEPS", COLD_STEPS))
 
 
 @dataclass

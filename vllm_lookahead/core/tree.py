@@ -208,6 +208,15 @@ class StepTree:
             estimates=[self.estimates[u] for u in keep],
         )
 
+    def best_chain_scores(self) -> list[float]:
+        """`best_chain().scores`, without making the chain."""
+        kids, scores = self._children, self.scores
+        u, out = 0, [scores[0]]
+        while kids[u]:
+            u = kids[u][0]
+            out.append(scores[u])
+        return out
+
     def by_score(self, max_nodes: int | None = None, above: float | None = None) -> StepTree:
         """The same tree with its nodes in descending score (ties: the current order), so that any prefix is the
         best-scored subtree of its size. Parents still precede children: a child never outscores its parent.

@@ -16,7 +16,7 @@ from vllm_lookahead.core.cost import StepCost
 from vllm_lookahead.core.params import LookaheadParams
 from vllm_lookahead.core.sizing import choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.state import LookaheadState
-from vllm_lookahead.core.step_timer import StepTimer, cold_steps
+from vllm_lookahead.core.step_timer import COLD_STEPS, StepTimer
 from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
@@ -47,7 +47,7 @@ class Drafting:
         self.cost = StepCost(params.node_cost)
         # Pure decoding steps timed for the fit, from begin_step to the next one (the engine's work between included),
         # the engine's first few left out (first-use costs).
-        self.timer = StepTimer(cold_steps())
+        self.timer = StepTimer(COLD_STEPS)
 
     def time_step(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         """A step starts: the step before it, if it was a pure decoding step (every request computes x0 and its
@@ -149,9 +149,8 @@ def _prefilling(sampled_token_ids: list[list[int]], num_reqs: int) -> bool:
 
 def _unseen_prefill(requests: Requests, batch: InputBatch, index: int, req_id: str) -> bool:
     """Whether the request has only just sampled its first token and has no state yet. Its state (the prompt
-    indexed for lookup, the pool seeded, its suffix tree: about 2 microseconds a prompt token, 1-3 ms for a long chat
-    prompt, 2-5% of its prefill) is built at its next step instead, so that its first token goes out without waiting
-    for it; the request drafts from its third step on."""
+    indexed for lookup, the pool seeded, its suffix tree: work in proportion to the prompt) is built at its next step
+    instead, so that its first token goes out without waiting for it; the request drafts from its third step on."""
     return (
         req_id not in requests.states
         and int(batch.num_tokens_no_spec[index]) - int(batch.num_prompt_tokens[index]) <= 1

@@ -42,8 +42,9 @@ from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests, Shared
 from vllm_lookahead.glue.resting import Rests
 from vllm_lookahead.glue.scheduling import schedule_trees
+from vllm_lookahead.glue.seed_timing import BUDGET_SECONDS, describe, seed_sizes, time_forwards
 from vllm_lookahead.glue.settings import Settings
-from vllm_lookahead.glue.stats import COST_KEYS, LookaheadStats
+from vllm_lookahead.glue.stats import LookaheadStats
 from vllm_lookahead.glue.step import LookaheadStep, forward_scope
 from vllm_lookahead.glue.verification import Verification
 
@@ -144,6 +145,26 @@ class LookaheadEngine:
             self._confirmed = True
             logger.info("lookahead runs %s", self.backend_reason)
 
+    def warm_up(self, runner: GPUModelRunner) -> None:
+        """After vLLM's own warm-up, before the first request: the step-cost seed, from forward passes of 1, 2, 4,
+        ... tokens up to the largest step timed now (`seed_timing.py`), said in the log once."""
+        if self.params.node_cost is not None:
+            return  # fixed costs: nothing to measure
+        # the most tokens a step can compute; under tensor parallelism the largest tree, so that every rank times
+        # the same passes whatever its clock says
+        largest = min(runner.max_num_tokens, runner.max_num_reqs + self.params.step_token_budget)
+        ranks = self.drafting.ranks
+        sizes = seed_sizes(largest if ranks == 1 else min(largest, self.params.max_tree_nodes))
+        start = time.perf_counter()
+        try:
+            tokens, seconds = time_forwards(runner, sizes, BUDGET_SECONDS if ranks == 1 else None)
+        except Exception as e:  # the sizing then starts from its prior and learns from the first steps
+            logger.warning("lookahead: the start-up step timings failed (%s: %s); step sizes start from a prior",
+                           type(e).__name__, e)  # fmt: skip
+            return
+        self.drafting.cost.seed(tokens, seconds)
+        logger.info("lookahead: step costs at start-up: %s", describe(tokens, seconds, time.perf_counter() - start))
+
     def drop_requests(self, runner: GPUModelRunner, scheduler_output: SchedulerOutput) -> None:
         self.requests.drop_finished(runner, scheduler_output)
 
@@ -213,8 +234,8 @@ def worker_stats(engine: LookaheadEngine | None) -> dict[str, float | str] | Non
         "timed_steps": timer.timed,
         "timed_step_span": timer.span_seconds / max(timer.timed, 1),
         "timed_step_gap": timer.gap_seconds / max(timer.timed, 1),
-        # the step-cost fit the tree sizing uses (seconds, or relative units if fixed by node_cost)
-        **dict(zip(COST_KEYS, drafting.cost.coefficients(), strict=True)),
+        # the step prices the tree sizing uses at batch 1 (seconds, or relative units if fixed by node_cost)
+        **drafting.cost.summary(),
         # what a node of each source is accepted at, given its parent was (depth 1), and a window slot's worth
         **{f"accept_{src.name.lower()}": engine.acceptance.factor(src, 1) for src in Source if src != Source.ROOT},
         "window_value": engine.acceptance.window_value,

@@ -7,15 +7,6 @@ from dataclasses import dataclass, field
 from vllm_lookahead.core.tree import Source
 
 SOURCE_NAMES = [s.name.lower() for s in Source if s != Source.ROOT]
-# worker_stats' names of StepCost.coefficients()
-COST_KEYS = (
-    "step_cost_fixed",
-    "step_cost_per_request",
-    "step_cost_per_draft",
-    "step_cost_branch",
-    "step_cost_knee",
-    "step_cost_per_draft_below_knee",
-)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from vllm_lookahead.glue.patches import (
     requests,
     scheduler,
     speculative_config,
+    worker,
 )
 from vllm_lookahead.glue.patches.base import Patch, applied, apply, original, revert
 
@@ -31,6 +32,7 @@ PATCHES: list[Patch] = [
     *scheduler.PATCHES,
     *requests.PATCHES,
     *draft_transfer.PATCHES,
+    *worker.PATCHES,
 ]
 
 
