@@ -487,13 +487,13 @@ def test_cuda_backend_writes_the_tree_rows_over_vllms_forward():
     backend, plans = CudaTreeBackend(), {}
     for _ in range(2):  # two layers of one step
         out = torch.full_like(b.query, float("nan"))
-        backend.attend(vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, b.rows, plans)
+        backend.attend(b.rows, plans, vllm_forward, impl, None, b.query, None, None, kv_cache, md, out)
         assert (out[~b.tree_rows] == 7.0).all()
         out[~b.tree_rows] = float("nan")
         check_against_reference(b, out)
     assert len(calls) == 2 and len(plans) == 1 and backend.used_kernel(plans)
     with pytest.raises(RuntimeError, match="fused output quantization"):
-        backend.attend(vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, b.rows, plans, torch.ones(1))
+        backend.attend(b.rows, plans, vllm_forward, impl, None, b.query, None, None, kv_cache, md, out, torch.ones(1))
 
 
 @interpreted

@@ -207,7 +207,7 @@ def glue_check(torch, tk, ref_mod, TreeRows, device: str) -> list[dict]:
     md = SimpleNamespace(block_table=step.block_table)
     out = torch.full_like(step.query, float("nan"))
     backend = CudaTreeBackend()
-    backend.attend(lambda *a: a[-1].fill_(7.0), impl, None, step.query, None, None, kv_cache, md, out, step.rows, {})
+    backend.attend(step.rows, {}, lambda *a: a[-1].fill_(7.0), impl, None, step.query, None, None, kv_cache, md, out)
     ref = torch.full(out.shape, float("nan"), device=out.device)
     ref_mod.reference_tree_attention(step.query, step.key_cache, step.value_cache, step.rows, impl.scale, ref)
     tree_rows = step.tree_rows.to(out.device)

@@ -4,8 +4,8 @@ A backend answers these for the engine:
 - `unsupported(spec)`: whether it runs lookahead's tree rows on a given KV cache (its platform, layout, dtype,
   head size, block size); None when it does, else why not (the engine then runs the chain backend and says so once);
   `check_layers(layers)` confirms it on the model's real attention layers once they exist;
-- `attend(...)`: one attention layer of a step that carries trees: every row of the batch computed, the tree rows
-  with each node attending its request's cached prefix and its own ancestors;
+- `attend(rows, plans, ...)`: one attention layer of a step that carries trees: every row of the batch computed, the
+  tree rows with each node attending its request's cached prefix and its own ancestors;
 - `relocate(layers, src, dst)`: accepted tree nodes' KV moved from the slots they were written at to the
   consecutive slots vLLM expects, in every layer's cache;
 - `logit_rows`: the target's argmax and top tokens over chosen rows of a step's logits, which verification and token
@@ -79,6 +79,8 @@ class TreeBackend(ABC):
     @abstractmethod
     def attend(
         self,
+        rows: Sequence[TreeRows],
+        plans: dict[int, object],
         original: Callable[..., torch.Tensor],
         impl: Any,
         layer: Any,
@@ -88,12 +90,12 @@ class TreeBackend(ABC):
         kv_cache: torch.Tensor,
         attn_metadata: Any,
         output: torch.Tensor,
-        rows: Sequence[TreeRows],
-        plans: dict[int, object],
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """One layer's forward for a step with tree rows (`original` is vLLM's forward of this layer)."""
+        """One layer's forward for a step with tree rows (`rows`; `plans`: the step's dict for what the backend
+        prepares at its first layer). `original` is vLLM's forward of this layer; the arguments after it are vLLM's,
+        as it passed them."""
 
     @abstractmethod
     def relocate(self, layers: Sequence[Any], src: Sequence[int], dst: Sequence[int]) -> None:

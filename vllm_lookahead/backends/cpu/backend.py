@@ -49,6 +49,8 @@ class CpuTreeBackend(TreeBackend):
 
     def attend(
         self,
+        rows: Sequence[TreeRows],
+        plans: dict[int, object],
         original: Callable[..., torch.Tensor],
         impl: CPUAttentionBackendImpl,
         layer: Attention,
@@ -58,8 +60,6 @@ class CpuTreeBackend(TreeBackend):
         kv_cache: torch.Tensor,
         attn_metadata: CPUAttentionMetadata,
         output: torch.Tensor,
-        rows: Sequence[TreeRows],
-        plans: dict[int, object],
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:

@@ -62,6 +62,8 @@ class CudaTreeBackend(TreeBackend):
 
     def attend(
         self,
+        rows: Sequence[TreeRows],
+        plans: dict[int, object],
         original: Callable[..., torch.Tensor],
         impl: Any,
         layer: Any,
@@ -71,8 +73,6 @@ class CudaTreeBackend(TreeBackend):
         kv_cache: torch.Tensor,
         attn_metadata: Any,
         output: torch.Tensor,
-        rows: Sequence[TreeRows],
-        plans: dict[int, object],
         *args: Any,
         **kwargs: Any,
     ) -> torch.Tensor:

@@ -35,14 +35,16 @@ def _on_cuda() -> bool:
 
 
 def _forward(original):
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs):
+        """vLLM's forward of one attention layer: `args` / `kwargs` the output and its quantization scales, as vLLM
+        passes them (by keyword from the attention layer, by position from composite backends)."""
         from vllm.v1.attention.backend import AttentionType
 
         step = lookahead_step.current()
         if step is None or not step.attention_rows or attn_metadata is None or self.attn_type != AttentionType.DECODER:
-            return original(self, layer, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
-        return step.backend.attend(original, self, layer, query, key, value, kv_cache, attn_metadata, output,
-                                   step.attention_rows, step.attention_plans, *args, **kwargs)  # fmt: skip
+            return original(self, layer, query, key, value, kv_cache, attn_metadata, *args, **kwargs)
+        return step.backend.attend(step.attention_rows, step.attention_plans, original, self, layer, query, key, value,
+                                   kv_cache, attn_metadata, *args, **kwargs)  # fmt: skip
 
     return forward
 

@@ -1,20 +1,21 @@
 """Drafts ride with the step's model output: no second call to the worker per step.
 
 vLLM 0.32 fetches a step's drafts from the worker after the step (`EngineCore.post_step` ->
-`take_draft_token_ids`), one more round trip to the worker process per step besides the step's own. On this CPU it
-took 1.95 ms a step at 16 requests (a 55-60 ms float32 step), about what the plugin's own per-step work costs. A
-lookahead runner attaches its drafts to the `ModelRunnerOutput` its `sample_tokens` returns (pickled to the engine
-core with it); the scheduler, reading that output, keeps them for the step's `post_step`, which hands them to the
-scheduler without the round trip. Engines without lookahead, and outputs without drafts attached (vLLM's shared
-empty output), take vLLM's own path.
+`take_draft_token_ids`), one more round trip to the worker process per step besides the step's own, which costs
+about what the plugin's own per-step work does. A lookahead runner attaches its drafts to the `ModelRunnerOutput`
+its `sample_tokens` returns (pickled to the engine core with it); the scheduler, reading that output, keeps them in
+its lookahead state (`scheduler.SchedulerState`) for the step's `post_step`, which hands them to the scheduler
+without the round trip. Engines without lookahead, and outputs without drafts attached (vLLM's shared empty
+output), take vLLM's own path.
 """
 
 from __future__ import annotations
 
 from vllm_lookahead.glue.patches.base import Patch
+from vllm_lookahead.glue.patches.model_runner import engine_of
+from vllm_lookahead.glue.patches.scheduler import state_of
 
 ATTR = "lookahead_drafts"  # on a ModelRunnerOutput: the runner's DraftTokenIds (or None: no drafts this step)
-_KEPT = "_lookahead_step_drafts"  # on the scheduler, from update_from_output to post_step
 _NONE = object()
 
 
@@ -27,7 +28,7 @@ def _runner():
 def _sample_tokens(original):
     def sample_tokens(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
-        if getattr(self, "_lookahead", None) is None:
+        if engine_of(self) is None:
             return out
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
@@ -47,8 +48,9 @@ def _scheduler():
 def _update_from_output(original):
     def update_from_output(self, scheduler_output, model_runner_output):
         drafts = getattr(model_runner_output, ATTR, _NONE)
-        if drafts is not _NONE:
-            setattr(self, _KEPT, drafts)
+        state = state_of(self)
+        if drafts is not _NONE and state is not None:
+            state.drafts, state.has_drafts = drafts, True
         return original(self, scheduler_output, model_runner_output)
 
     return update_from_output
@@ -62,9 +64,10 @@ def _engine_core():
 
 def _post_step(original):
     def post_step(self, model_executed: bool) -> None:
-        drafts = self.scheduler.__dict__.pop(_KEPT, _NONE)
-        if drafts is _NONE:
+        state = state_of(self.scheduler)
+        if state is None or not state.has_drafts:
             return original(self, model_executed)
+        drafts, state.drafts, state.has_drafts = state.drafts, None, False
         if self.check_for_draft_tokens and not self.async_scheduling and model_executed and drafts is not None:
             self.scheduler.update_draft_token_ids(drafts)
         # The rest of vLLM's post_step (queued client requests), without its fetch of the drafts.

@@ -15,6 +15,7 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 from vllm_lookahead.glue.engine import LookaheadEngine, worker_stats
 from vllm_lookahead.glue.patches.base import Patch
@@ -24,6 +25,11 @@ from vllm_lookahead.glue.platform import attention_outside_graphs, choose_backen
 from vllm_lookahead.glue.settings import Settings
 
 DRAFTER_CLASS = "vllm_lookahead.glue.drafter.LookaheadDrafter"
+
+
+def engine_of(runner: Any) -> LookaheadEngine | None:
+    """The runner's LookaheadEngine (None without lookahead): everything the plugin keeps per runner hangs off it."""
+    return getattr(runner, "_lookahead", None)
 
 
 def _owner():
@@ -47,7 +53,7 @@ def _init(original):
             original(self, vllm_config, *args, **kwargs)
         finally:
             sc.method, sc.model = METHOD, METHOD
-        self._lookahead = LookaheadEngine(
+        self._lookahead = LookaheadEngine(  # the runner's one lookahead attribute (`engine_of`)
             lookahead_params(sc),
             vllm_config.model_config.max_model_len,
             ranks=vllm_config.parallel_config.world_size,
@@ -72,7 +78,7 @@ def _encode(model_config, text: str) -> list[int]:
 def _initialize_kv_cache(original):
     def initialize_kv_cache(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is not None:
             engine.confirm_backend(self)
         return result
@@ -82,7 +88,7 @@ def _initialize_kv_cache(original):
 
 def _update_states(original):
     def _update_states(self, scheduler_output):
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is not None:
             engine.drop_requests(self, scheduler_output)
         return original(self, scheduler_output)
@@ -93,7 +99,7 @@ def _update_states(original):
 def _prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, *args, **kwargs):
         result = original(self, scheduler_output, *args, **kwargs)
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is not None:
             engine.begin_step(self, scheduler_output)
         return result
@@ -103,7 +109,7 @@ def _prepare_inputs(original):
 
 def _model_forward(original):
     def _model_forward(self, *args, **kwargs):
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is None:
             return original(self, *args, **kwargs)
         with engine.forward_scope():
@@ -114,7 +120,7 @@ def _model_forward(original):
 
 def _sample(original):
     def _sample(self, logits, spec_decode_metadata):
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is None:
             return original(self, logits, spec_decode_metadata)
         with sampling_scope():  # vLLM's CPU rejection sampler needs patches/cpu_sampling.py's fix
@@ -125,7 +131,7 @@ def _sample(original):
 
 def _propose(original):
     def propose_draft_token_ids(self, scheduler_output, sampled_token_ids, *args, **kwargs):
-        engine = getattr(self, "_lookahead", None)
+        engine = engine_of(self)
         if engine is None:
             return original(self, scheduler_output, sampled_token_ids, *args, **kwargs)
         return engine.propose(self, sampled_token_ids)
@@ -138,7 +144,7 @@ def _input_fits(original):
         # vLLM asks whether its drafter's input fits max_model_len with num_speculative_tokens more, over the
         # whole batch, and where it does not pads every request with num_speculative_tokens zero drafts. Lookahead's
         # drafter runs no model and caps each request's drafts by its own room (`drafting.py`): it always fits.
-        if getattr(self, "_lookahead", None) is not None:
+        if engine_of(self) is not None:
             return True
         return original(self, *args, **kwargs)
 
@@ -153,7 +159,7 @@ def _worker_owner():
 
 def _worker_stats(_missing):
     def lookahead_stats(self):
-        return worker_stats(getattr(self.model_runner, "_lookahead", None))
+        return worker_stats(engine_of(self.model_runner))
 
     return lookahead_stats
 

@@ -8,29 +8,42 @@ draft-length table (`dynamic_sd_lookup`) is set; lookahead sets it to num_specul
 which changes nothing else (the table only gives the step's draft length, the same value as without it).
 
 A step that admits a waiting request computes its prompt together with the running requests' tokens, and the new
-request's user waits for that whole step before the first token. The running requests' drafts would lengthen it:
-on a CPU a step costs about its token count, so three running code requests' trees (tens of nodes) add a fifth or
-more to a 150-token prompt's step. Such a step schedules the running requests without drafts (their trees were
-sized for a decoding step, not one that a user waits on). The drafts are dropped only once per waiting request at
-the head of the queue: one that stays waiting (no free KV blocks) does not keep the running requests from drafting.
-Measured on code prompts at 4 and 16 concurrent requests (bfloat16, `vllm bench serve`): time to first token went
-from 1.14x and 1.09x plain decoding's to 0.99x and 1.03x, tokens/s unchanged (such a step is long, so its drafts
-bring about what they cost).
+request's user waits for that whole step before the first token; the running requests' drafts would lengthen it
+(on a CPU a step costs about its token count). So such a step schedules the running requests without drafts, once
+per waiting request at the head of the queue (one that stays waiting, for want of KV blocks, does not keep the
+running requests from drafting), and only while the waiting requests are at least 1 / ADMISSION_SHARE of the
+running ones: into a large batch new requests trickle in at nearly every step, and dropping their drafts would cost
+more tokens a second than the few waiting users gain. ADMISSION_SHARE's measurement: docs/results.md, "Tuned
+constants".
 
-That holds while the waiting users are a fair share of those served (a first wave of prompts, a small batch). Into a
-large batch new requests trickle at nearly every step (64 requests of 128 tokens finish about three a step), so the
-rule dropped the drafts of nearly every step: 2-8% fewer tokens/s at 16 and 64 requests, for a time to first token
-already well under plain decoding's there. Drafts are dropped only while the waiting requests number at least a
-quarter of the running ones (ADMISSION_SHARE).
+What lookahead keeps on the scheduler is one object, `SchedulerState`, in one attribute (`_lookahead`; None for
+other methods).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from vllm_lookahead.glue.patches.base import Patch
 from vllm_lookahead.glue.patches.speculative_config import METHOD
 
-# Drafts are dropped for an admission while the waiting requests are at least 1 / ADMISSION_SHARE of the running ones.
 ADMISSION_SHARE = 4
+ATTR = "_lookahead"  # the scheduler's SchedulerState
+
+
+@dataclass
+class SchedulerState:
+    admitting: str | None = None  # the waiting request the last step dropped drafts for
+    # The runner's drafts that came with the step's model output, from update_from_output to post_step
+    # (`draft_transfer.py`); `has_drafts` tells None (no drafts this step) from nothing kept.
+    drafts: Any = None
+    has_drafts: bool = False
+
+
+def state_of(scheduler: Any) -> SchedulerState | None:
+    """A lookahead scheduler's state; None for other methods."""
+    return getattr(scheduler, ATTR, None)
 
 
 def _owner():
@@ -43,9 +56,9 @@ def _init(original):
     def __init__(self, vllm_config, *args, **kwargs):
         original(self, vllm_config, *args, **kwargs)
         sc = vllm_config.speculative_config
-        self._lookahead = sc is not None and sc.method == METHOD
-        self._lookahead_admitting: str | None = None  # the waiting request the last step dropped drafts for
-        if self._lookahead and self.dynamic_sd_lookup is None:
+        lookahead = sc is not None and sc.method == METHOD
+        setattr(self, ATTR, SchedulerState() if lookahead else None)
+        if lookahead and self.dynamic_sd_lookup is None:
             self.dynamic_sd_lookup = [self.num_spec_tokens] * (self.scheduler_config.max_num_seqs + 1)
 
     return __init__
@@ -53,29 +66,30 @@ def _init(original):
 
 def _schedule(original):
     def schedule(self, *args, **kwargs):
-        if getattr(self, "_lookahead", False):
-            _drop_drafts_for_admission(self)
+        state = state_of(self)
+        if state is not None:
+            _drop_drafts_for_admission(self, state)
         return original(self, *args, **kwargs)
 
     return schedule
 
 
-def _drop_drafts_for_admission(scheduler) -> None:
+def _drop_drafts_for_admission(scheduler: Any, state: SchedulerState) -> None:
     """Running requests keep no drafts in a step that will admit the request at the head of the waiting queue."""
     from vllm.v1.core.sched.interface import PauseState
 
     waiting = scheduler.waiting
     active = len(scheduler.running) + scheduler.num_waiting_for_streaming_input  # as vLLM counts for admission
     if not waiting or active >= scheduler.max_num_active_reqs or scheduler._pause_state != PauseState.UNPAUSED:
-        scheduler._lookahead_admitting = None
+        state.admitting = None
         return
     if len(waiting) * ADMISSION_SHARE < len(scheduler.running):
-        scheduler._lookahead_admitting = None
+        state.admitting = None
         return  # a trickle into a large batch: its drafts are worth more than the few waiting users' wait
     head = waiting.peek_request().request_id
-    if head == scheduler._lookahead_admitting:
+    if head == state.admitting:
         return  # still waiting after a step without drafts: something else holds it back
-    scheduler._lookahead_admitting = head
+    state.admitting = head
     for request in scheduler.running:
         request.spec_token_ids = []  # a new list: the old one may be the runner's own output
 
