@@ -9,7 +9,8 @@ from vllm_lookahead.core.acceptance import AcceptanceStats
 from vllm_lookahead.core.params import LookaheadParams
 from vllm_lookahead.core.state import LookaheadState
 from vllm_lookahead.core.tree import Source, StepTree
-from vllm_lookahead.core.verify import greedy_verify, sample_verify
+from vllm_lookahead.core.verify import greedy_verify
+from vllm_lookahead.devtools.rejection_sampling import sample_verify
 
 PERIOD = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7]  # repeated tokens: a key alone is ambiguous
 

@@ -3,6 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.test_window import window_slots
 from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tree, window_slots_max
 from vllm_lookahead.core.window import JacobiWindow
 
@@ -114,7 +115,7 @@ def test_tree_properties(inp, merge):
     assert tree.is_chain == all(tree.parents[u] == u - 1 for u in range(n))
 
     # Positions == depth, and every slot / candidate token is its own root path.
-    assert set(tree.window_node) == {(r, i) for r, i, _ in win.slots()}
+    assert set(tree.window_node) == {(r, i) for r, i, _ in window_slots(win)}
     for (r, i), u in tree.window_node.items():
         assert tree.depths[u] == r + i
         assert _root_path_tokens(tree, u) == _slot_path(win, r, i)
@@ -138,7 +139,7 @@ def test_tree_properties(inp, merge):
             kids = [tree.tokens[c] for c in tree.children(u)]
             assert len(kids) == len(set(kids))
     else:
-        assert n == len(win.slots()) + sum(len(c) for c in cands)
+        assert n == len(window_slots(win)) + sum(len(c) for c in cands)
         assert n <= window_slots_max(win.window_size, win.ngram_size) + len(cands) * (win.ngram_size - 1) or any(
             len(c) > win.ngram_size - 1 for c in cands
         )

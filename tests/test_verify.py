@@ -8,10 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_lookahead.core import verify as verify_module
 from vllm_lookahead.core.tree import StepTree, build_step_tree
-from vllm_lookahead.core.verify import draw_verify, greedy_verify, sample_verify
+from vllm_lookahead.core.verify import draw_verify, greedy_verify
 from vllm_lookahead.core.window import JacobiWindow
+from vllm_lookahead.devtools import rejection_sampling
+from vllm_lookahead.devtools.rejection_sampling import sample_verify
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -326,10 +327,10 @@ def test_sample_row_inverse_cdf_never_picks_zero_mass():
     probs = torch.tensor([[0.0, 0.0, 0.7, 0.3, 0.0], [0.1, 0.0, 0.0, 0.0, 0.9]], dtype=torch.float64)
     for q in range(20):
         probs[0, 2] = 0.1 + q * 0.04
-        assert verify_module._sample_row(probs[0], 1.0 - 2.0**-53, None) in (2, 3)
-        assert verify_module._sample_row(probs[0], 0.0, None) == 2
-    assert verify_module._sample_row(probs[1], 0.0999, None) == 0
-    assert verify_module._sample_row(probs[1], 0.1001, None) == 4
+        assert rejection_sampling._sample_row(probs[0], 1.0 - 2.0**-53, None) in (2, 3)
+        assert rejection_sampling._sample_row(probs[0], 0.0, None) == 2
+    assert rejection_sampling._sample_row(probs[1], 0.0999, None) == 0
+    assert rejection_sampling._sample_row(probs[1], 0.1001, None) == 4
 
 
 def test_draw_verify_follows_the_targets_own_draws():

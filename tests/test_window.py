@@ -7,6 +7,14 @@ from hypothesis import strategies as st
 from vllm_lookahead.core.window import JacobiWindow
 
 
+def window_slots(win: JacobiWindow) -> list[tuple[int, int, int]]:
+    """All (row, col, token), (0, 0) included, column-major: parents before children (the parent of (r, i) is
+    (r-1, i), or (0, i-1) for row 0), and a prefix of it keeps whole leading columns, exactly the slots whose outputs
+    give complete n-grams."""
+    rows = win.rows
+    return [(r, i, rows[r][i]) for i in range(len(rows[0])) for r in range(len(rows))]
+
+
 def _labelled_window(w, n, p):
     """Every token is the position it stands for: row 0 = [p, p+1, ...]."""
     return JacobiWindow(w, n, [p + j for j in range(1, w + n - 2)], x0=p)
@@ -78,7 +86,7 @@ def test_position_rule_shapes_and_ngrams(w, n, steps, p0):
         assert (win.fill == win.ngram_size - 2) == (k == n - 2)
         assert len(win.rows) == k + 1
         assert all(len(row) == (w if k == n - 2 else w + n - 2 - k) for row in win.rows)
-        for r, i, tok in win.slots():
+        for r, i, tok in window_slots(win):
             assert tok == p + r + i
         if s == steps:
             break
@@ -96,7 +104,7 @@ def test_slots_parents_first_column_major(w, n, steps):
     win = _labelled_window(w, n, 0)
     for p in range(steps):
         win.step(p + 1, _perfect_outputs(win, p))
-    slots = win.slots()
+    slots = window_slots(win)
     seen = set()
     for r, i, tok in slots:
         assert tok == win.rows[r][i]

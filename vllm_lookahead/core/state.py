@@ -4,7 +4,7 @@ Step protocol (glue and reference decoder):
     state.catch_up(num_tokens, fetch)                  # optional: tokens emitted by steps without a tree
     tree = state.build_tree(x0)                        # x0: last accepted token, KV not yet computed
     ... one target forward over tree.tokens at positions pos(x0) + tree.depths, mask tree.ancestor_mask()
-    accepted_nodes, tokens = greedy_verify(tree, argmax)  # or sample_verify(tree, probs, generator)
+    accepted_nodes, tokens = greedy_verify(tree, argmax)  # or draw_verify(tree, draw)
     state.update(tree, argmax, tokens)  # argmax of the target at every node, even when sampling
     x0 = tokens[-1]  # == state.x0
     state.close()                                      # the sequence ended

@@ -66,16 +66,6 @@ class JacobiWindow:
         """Slot (0, 0) is the tree root; set the real x0 before the step so column 0's n-gram is right."""
         self._rows[0][0] = x0
 
-    def slots(self) -> list[tuple[int, int, int]]:
-        """All (row, col, token), (0, 0) included, column-major (for inspection and tests; build_step_tree walks
-        the rows itself).
-
-        Column-major is parents-before-children (parent of (r, i) is (r-1, i), or (0, i-1) for row 0), and a
-        prefix of it keeps whole leading columns: exactly the slots whose outputs give complete n-grams.
-        """
-        rows = self._rows
-        return [(r, i, rows[r][i]) for i in range(len(rows[0])) for r in range(len(rows))]
-
     def step(self, x0_new: int, last_outputs: Sequence[int | None]) -> list[tuple[int, tuple[int, ...]]]:
         """Advance one position; returns the n-grams (key, value) the pool should learn (none in warm-up).
 

@@ -17,7 +17,8 @@ from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.state import LookaheadState
 from vllm_lookahead.core.suffix import SuffixCandidates
 from vllm_lookahead.core.tree import StepTree
-from vllm_lookahead.core.verify import greedy_verify, sample_verify
+from vllm_lookahead.core.verify import greedy_verify
+from vllm_lookahead.devtools.rejection_sampling import sample_verify
 
 
 def _tree_mask(tree: StepTree, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
