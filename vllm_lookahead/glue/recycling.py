@@ -26,12 +26,11 @@ class RecyclingGate:
     def may_pay(self, floor: float, stats: Sequence[AcceptanceStats]) -> bool:
         """Whether a recycled guess under x0 could clear a step's bar (`score_floor`), as its depth-1 rate in the
         step's requests' statistics (`stats`: greedy, sampled or both) says, weighed by their calibration as the
-        drafting weighs every score. The target's top-k along every path costs
-        0.3-0.6 ms of a 42-52 ms step at 16 requests on a CPU, where the bar keeps recycled guesses out (2 accepted
-        of 45 drafted in some 3000 request-steps at 16 ShareGPT requests); the table stays for when the batch
-        shrinks. Only the kinds of request in the step count: the sampled statistics' rate stays at its prior (1) in a
-        greedy run and would let every bar in. The rule reads no table, so an empty one is taught. Under tensor
-        parallelism (floor 0) every rank always teaches it, so that their tables stay equal."""
+        drafting weighs every score. The target's top-k along every path is paid only where a recycled guess could
+        be drafted: a large batch on a CPU, whose bar keeps them out, pays nothing, and the table stays for when the
+        batch shrinks. Only the kinds of request in the step count: the sampled statistics' rate stays at its prior
+        (1) in a greedy run and would let every bar in. The rule reads no table, so an empty one is taught. Under
+        tensor parallelism (floor 0) every rank always teaches it, so that their tables stay equal."""
         if self.recycle is None:
             return False
         if floor <= 0:

@@ -54,9 +54,9 @@ def processed_logits(row: torch.Tensor, md: SamplingMetadata, req_index: int) ->
 
 def nucleus(row: torch.Tensor, k: int | None, p: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The tokens vLLM's top-k / top-p masking keeps (`apply_top_k_top_p`) in a [vocab] float32 row, best first, and
-    their logits; found among the row's largest NUCLEUS_SEARCH tokens instead of by sorting the whole row (a
-    49,152-token sort is 4.3 ms of a 5 ms draw on this project's 2-core CPU); None where the nucleus may not lie
-    among them, or where the cut falls between tied tokens. k >= 1: top-k (None or >= vocab: none); 0 < p < 1.
+    their logits; found among the row's largest NUCLEUS_SEARCH tokens instead of by sorting the whole row (most of a
+    draw's time on a CPU; docs/results.md, "Tuned constants"); None where the nucleus may not lie among them, or
+    where the cut falls between tied tokens. k >= 1: top-k (None or >= vocab: none); 0 < p < 1.
 
     As vLLM keeps them: top-k keeps every token at least as large as the k-th largest; top-p then drops a token
     where it and every token below it hold at most 1 - p of that distribution, that is where the tokens above it

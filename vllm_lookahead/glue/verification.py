@@ -58,8 +58,8 @@ class Verification:
         if result.spec_md is None or not (step.scheduled or result.x0_is_argmax):
             return {}
         sampled = result.sampler_output.sampled_token_ids
-        # Written through a numpy view: a tenth of the time of two torch operations a request on a CPU (on a GPU, a
-        # host copy written back once).
+        # Written through a numpy view, cheaper than torch operations a request on a CPU (on a GPU, a host copy
+        # written back once).
         host = sampled if sampled.device.type == "cpu" else sampled.cpu()
         out_rows = host.numpy()
         verified = self._verify_trees(runner, step, result, out_rows)

@@ -37,10 +37,8 @@ if TYPE_CHECKING:
 
 MAX_NODES_PER_ITEM = 16  # a work item's rows are at most this many nodes x the query heads of one KV head
 # A plain request with at most this many query rows (decoding, a chain of drafts) goes to the compiled kernel in a
-# step with trees, as a causal tree. One attention layer (`benchmarks/diagnostics/bench_tree_attention.py`, 2-core
-# AVX-512 host, bfloat16, context 256): a 4-node tree beside 3 decoding requests cost 82 us with the decoding rows on
-# the stock kernel (gathered, computed, scattered back), 53 us with them in the compiled kernel, against 56-67 us for
-# the stock kernel over every row as chains. Longer prompts stay on the stock kernel, whose masks need no bitsets.
+# step with trees, as a causal tree: cheaper than gathering those rows for the stock kernel and scattering them back
+# (docs/results.md, "Tuned constants"). Longer prompts stay on the stock kernel, whose masks need no bitsets.
 PLAIN_ROWS_IN_KERNEL = MAX_NODES_PER_ITEM
 
 
