@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,30 +113,33 @@ def _curve(tokens: np.ndarray, seconds: np.ndarray, least: np.ndarray) -> PriceC
 
 
 class _Cell:
-    """A grid point's recent steps of one band: (step number, seconds beyond the seed), and their median."""
+    """A grid point's recent steps of one band, (step number, seconds, tokens computed), and the median of what they
+    cost beyond the seed (computed again when a step comes, goes, or the seed changes)."""
 
-    __slots__ = ("steps", "median")
+    __slots__ = ("steps", "median", "seed_version")
 
     def __init__(self) -> None:
-        self.steps: deque[tuple[int, float]] = deque(maxlen=CELL_STEPS)
-        self.median: float | None = None  # None: to be computed again
+        self.steps: deque[tuple[int, float, int]] = deque(maxlen=CELL_STEPS)
+        self.median: float | None = None
+        self.seed_version = -1
 
-    def add(self, step: int, excess: float) -> None:
-        self.steps.append((step, excess))
+    def add(self, step: int, seconds: float, tokens: int) -> None:
+        self.steps.append((step, seconds, tokens))
         self.median = None
 
-    def measured(self, oldest: int) -> float | None:
-        """The median of the steps since `oldest`, if there are MIN_STEPS of them."""
+    def measured(self, oldest: int, seed_at: Callable[[float], float], seed_version: int) -> float | None:
+        """The median excess over the seed of the steps since `oldest`, if there are MIN_STEPS of them."""
         steps = self.steps
         while steps and steps[0][0] < oldest:
             steps.popleft()
             self.median = None
         if len(steps) < MIN_STEPS:
             return None
-        if self.median is None:
-            ordered = sorted(e for _, e in steps)
+        if self.median is None or self.seed_version != seed_version:
+            ordered = sorted(sec - seed_at(t) for _, sec, t in steps)
             mid = len(ordered) // 2
             self.median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+            self.seed_version = seed_version
         return self.median
 
 
@@ -157,6 +160,8 @@ class StepCost:
         self._cells: dict[tuple[int, bool], dict[int, _Cell]] = {}  # (band, branched) -> grid point -> its cell
         self._steps = 0  # steps observed
         self._version = 0  # bumped by each observation or seed
+        self._seed_version = 0  # bumped by each seed
+        self._least = np.zeros(len(self._grid) - 1)  # the least a token costs along the grid
         self._curves: dict[tuple[int, bool], tuple[int, int, bool, PriceCurve]] = {}
         self._known: dict[tuple[int, bool], tuple[int, tuple | None]] = {}  # `_measured`, as of a version
         if relative_node_cost is not None:
@@ -182,7 +187,6 @@ class StepCost:
             return
         self.seed_points = (tuple(t for t, _ in pairs), tuple(s for _, s in pairs))
         self._set_seed([t for t, _ in pairs], [s for _, s in pairs], "seed")
-        self._cells.clear()  # what was measured beyond an earlier seed is measured again beyond this one
 
     def _set_seed(self, tokens: Sequence[float], seconds: Sequence[float], kind: str) -> None:
         t, first = np.unique(np.asarray(tokens, dtype=float), return_index=True)
@@ -191,7 +195,11 @@ class StepCost:
             t, s = np.array([t[0], t[0] + 1.0]), np.array([s[0], s[0] * (1 + PRIOR_SLOPE)])
         floor = 0.0 if kind == "fixed" else SEED_FLOOR_SLOPE * s[0]
         self._seed = _curve(t, s, np.full(len(t) - 1, floor)).prices(self._grid)
+        # the least a token costs: a share of the seed's slope where the seed was measured, else next to nothing
+        slope = np.maximum(np.diff(self._seed) / np.diff(self._grid), 0.0)
+        self._least = (MIN_SLOPE_SHARE if kind == "seed" else 0.0) * slope
         self._seed_kind = kind
+        self._seed_version += 1
         self._version += 1
 
     @property
@@ -204,16 +212,19 @@ class StepCost:
         if self._frozen or seconds <= 0 or requests <= 0:
             return
         t = requests + drafts
-        if self._seed_kind in ("none", "relative"):  # no start-up seed: the prior line, in units of this step
+        if self._seed_kind in ("none", "relative", "prior"):
+            # no start-up seed: the prior line, in units of the cheapest step so far (one that took longer than
+            # steps its size do, such as a branched step where branching is dear, would misscale every price)
             one = seconds / (1 + PRIOR_SLOPE * (t - 1))
-            self._set_seed([1.0, 2.0], [one, one * (1 + PRIOR_SLOPE)], "prior")
+            if self._seed_kind != "prior" or one < self._seed[0]:
+                self._set_seed([1.0, 2.0], [one, one * (1 + PRIOR_SLOPE)], "prior")
         key = (_band(requests), bool(branched))
         cells = self._cells.setdefault(key, {})
         g = self._nearest(t)
         cell = cells.get(g)
         if cell is None:
             cell = cells[g] = _Cell()
-        cell.add(self._steps, seconds - self._seed_at(t))
+        cell.add(self._steps, seconds, t)
         self._steps += 1
         self._version += 1
 
@@ -262,7 +273,7 @@ class StepCost:
         oldest = self._steps - MEMORY
         idx, med, steps = [], [], []
         for g in sorted(cells):
-            m = cells[g].measured(oldest)
+            m = cells[g].measured(oldest, self._seed_at, self._seed_version)
             if m is not None:
                 idx.append(g)
                 med.append(m)
@@ -286,8 +297,7 @@ class StepCost:
             if borrowed is not None:
                 excess = np.maximum(borrowed, 0.0)
         prices = _non_decreasing(seed + excess, weight)
-        least = MIN_SLOPE_SHARE * np.maximum(np.diff(seed) / np.diff(grid), 0.0)
-        return _curve(grid, prices, least), measured is not None and len(measured[0]) >= 2
+        return _curve(grid, prices, self._least), measured is not None and len(measured[0]) >= 2
 
     def _borrowed(self, band: int, branched: bool) -> np.ndarray | None:
         """The excess along the grid of the nearest measured curve: the same band's other kind of step, then the
