@@ -94,6 +94,25 @@ def test_topk_orders_ties_by_index_and_nan_first(path):
     assert got[1][:2] == [100, 3]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pick_reads_the_argmax_and_the_top_tokens_together(dtype, path):
+    """`pick`: each row's argmax as `argmax` takes it (ties as vLLM's), with its top k where k > 0 (the
+    library reads each row once: the argmax is the first of its top k)."""
+    picks = _rows(path)
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randint(-3, 4, (30, 300), generator=g).to(dtype)  # ties in every row
+    rows = [4, 3, 29, 0]
+    for asked in (None, rows):
+        argmax = picks.argmax(logits, asked)
+        only = picks.pick(logits, asked)
+        assert only.argmax == argmax and only.top is None
+        both = picks.pick(logits, asked, 8)
+        assert both.argmax == argmax
+        assert both.top is not None and [len(t) for t in both.top] == [8] * len(argmax)
+        want = logits if asked is None else logits[asked]
+        assert torch.equal(torch.stack([want[i, t] for i, t in enumerate(both.top)]), want.topk(8).values)
+
+
 @needs_library
 def test_the_librarys_top_k_refuses_what_it_cannot_read():
     """A k outside 1..min(columns, max_k), rows outside the matrix, a dtype or a layout it does not read: an error,

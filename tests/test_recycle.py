@@ -103,30 +103,25 @@ def test_no_guess_is_drafted_under_a_bar_none_can_clear():
 
 
 def test_the_table_is_taught_where_the_bar_lets_recycled_guesses_in():
-    """The engine takes the target's top tokens along the verified paths (a top-k over every path row) only where the
+    """Verification reads the target's top tokens at the trees' rows (with their argmax, in one pass) only where the
     last drafted step's bar (`score_floor`) was below what a recycled guess under x0 scores at best; an empty table
-    is taught too, and every rank always under tensor parallelism."""
-    import torch
-
-    from vllm_lookahead.backends.logit_rows import LogitRows
+    is taught too, and every rank always under tensor parallelism. The table learns them along the verified path."""
     from vllm_lookahead.glue.engine import LookaheadEngine
 
     engine = LookaheadEngine(LookaheadParams(), max_model_len=64)
     gate = engine.recycling
-    logits = torch.randn(3, 300)
 
-    def top(floor: float) -> dict:
+    def top_k(floor: float) -> int:
         gate.decide(floor, [engine.acceptance])
-        return gate.path_top(LogitRows(), logits, [0], {0: [0, 1]}, [0])
+        return gate.top_k()
 
     assert not gate.recycle.table
     best = gate.recycle.best_estimate(engine.acceptance.factor(Source.RECYCLE, 1) * engine.acceptance.calibration)
-    taught = top(best - 1e-6)
-    assert taught[0] == logits[:2].topk(gate.recycle.top_k).indices.tolist()  # x0's row and the accepted node's
-    assert top(best) == {}  # a large batch on a CPU: no recycled guess would be drafted
-    assert top(0.0)  # tensor parallelism: no bar
+    assert top_k(best - 1e-6) == gate.recycle.top_k
+    assert top_k(best) == 0  # a large batch on a CPU: no recycled guess would be drafted
+    assert top_k(0.0) == gate.recycle.top_k  # tensor parallelism: no bar
     gate.recycle = None
-    assert top(0.0) == {}
+    assert top_k(0.0) == 0
 
 
 class _Rate:

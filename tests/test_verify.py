@@ -433,25 +433,33 @@ def test_draw_verify_is_autoregressive_under_top_k_top_p(tree, seed, cut):
     assert_step_is_autoregressive(exact_draw_distribution(tree, _node_probs(tree, target)), tree, target, vocab)
 
 
-def test_trees_argmax_reads_only_their_own_rows():
-    """Verification takes the argmax of the scheduled trees' rows alone, in one call: each tree gets its own rows'
-    argmax, in the trees' order, whichever rows the others hold (at a large batch most requests carry no tree)."""
+def test_verification_reads_the_trees_rows_alone_in_one_pass():
+    """Verification takes the argmax (and recycling's top tokens) of the scheduled trees' rows alone, in one call:
+    each tree gets its own rows', in the trees' order, whichever rows the others hold (at a large batch most requests
+    carry no tree); every row's where each x0's draw is its argmax."""
     from vllm_lookahead.backends.logit_rows import LogitRows
-    from vllm_lookahead.glue.verification import _tree_argmax
+    from vllm_lookahead.glue.verification import _read_rows
 
-    asked: list[list[int]] = []
+    asked: list[tuple[list[int] | None, int]] = []
 
     class Recording(LogitRows):
-        def argmax(self, logits, rows=None):
-            asked.append(rows)
-            return super().argmax(logits, rows)
+        def pick(self, logits, rows=None, k=0):
+            asked.append((rows, k))
+            return super().pick(logits, rows, k)
 
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(12, 50, generator=g)
     full = logits.argmax(-1).tolist()
+    top3 = logits.topk(3).indices.tolist()
     spans = [(7, 3), (0, 2), (4, 1)]  # not in row order, rows 2-3, 5-6 and 10-11 belong to no tree
-    assert _tree_argmax(Recording(), logits, spans) == [full[7:10], full[0:2], full[4:5]]
-    assert asked == [[7, 8, 9, 0, 1, 4]]
-    assert _tree_argmax(Recording(), logits, [(0, 5), (5, 7)]) == [full[0:5], full[5:12]]
-    assert len(asked) == 2
-    assert _tree_argmax(Recording(), logits, []) == []
+    every, picks = _read_rows(Recording(), logits, spans, False, 0)
+    assert every is None and [p.argmax for p in picks] == [full[7:10], full[0:2], full[4:5]]
+    assert all(p.top is None for p in picks)
+    assert asked == [([7, 8, 9, 0, 1, 4], 0)]
+    every, picks = _read_rows(Recording(), logits, spans, False, 3)
+    assert [p.top for p in picks] == [top3[7:10], top3[0:2], top3[4:5]]
+    assert [p.argmax for p in picks] == [full[7:10], full[0:2], full[4:5]]
+    every, picks = _read_rows(Recording(), logits, [(1, 2)], True, 0)  # every row: the x0 rows' draws too
+    assert every == full and [p.argmax for p in picks] == [full[1:3]]
+    assert asked[1:] == [([7, 8, 9, 0, 1, 4], 3), (None, 0)]
+    assert _read_rows(Recording(), logits, [], False, 0) == (None, [])

@@ -82,7 +82,7 @@ PARTS = (
     ("- ordered and cut (by_score)", "vllm_lookahead.core.tree", "StepTree", "by_score"),
     ("propose: sized (plan_step)", "vllm_lookahead.glue.drafting", None, "plan_step"),
     ("sample: verification (Verification.verify)", "vllm_lookahead.glue.verification", "Verification", "verify"),
-    ("- recycling's top tokens (path_top)", "vllm_lookahead.glue.recycling", "RecyclingGate", "path_top"),
+    ("- the trees' rows read (pick)", "vllm_lookahead.backends.cpu.logit_rows", "CompiledRows", "pick"),
     ("- states updated (update)", "vllm_lookahead.core.state", "LookaheadState", "update"),
     ("the sources learn new tokens (_learn)", "vllm_lookahead.core.state", "LookaheadState", "_learn"),
     ("- suffix trees extended", "vllm_lookahead.core.suffix", "SuffixCandidates", "extend"),

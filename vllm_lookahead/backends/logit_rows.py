@@ -1,6 +1,6 @@
 """The target's argmax and top tokens over chosen rows of a step's logits, as verification and token recycling read
-them, in torch and numpy: every backend's unless it has faster code (the CPU backend's compiled library,
-`backends.cpu.logit_rows`).
+them (`pick`: both in one call, since recycling's rows are among verification's), in torch and numpy: every
+backend's unless it has faster code (the CPU backend's compiled library, `backends.cpu.logit_rows`).
 
 The argmax follows vLLM's greedy sampler (`argmax(-1)` of the float32 logits): the first maximal index, NaN counting
 as the largest. The constants below were timed on a CPU (docs/results.md, "Tuned constants").
@@ -9,6 +9,7 @@ as the largest. The constants below were timed on a CPU (docs/results.md, "Tuned
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -22,8 +23,21 @@ FEW_ROWS = 4
 ALL_ROWS_SHARE = 3
 
 
+@dataclass(frozen=True)
+class Picks:
+    """What `pick` read of each row asked for, in the order asked."""
+
+    argmax: list[int]
+    top: list[list[int]] | None  # each row's k largest tokens, largest first; None where k was 0
+
+
 class LogitRows:
     """argmax / top-k over logits rows with torch (numpy's argmax on a CPU: the same rule, several times faster)."""
+
+    def pick(self, logits: torch.Tensor, rows: Sequence[int] | None = None, k: int = 0) -> Picks:
+        """The argmax of each row of `logits` (of its `rows`, in that order, where given) and, where k > 0, its k
+        largest tokens."""
+        return Picks(self.argmax(logits, rows), self.topk(logits, k, rows) if k > 0 else None)
 
     def argmax(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> list[int]:
         """The argmax of each row of `logits` (of its `rows`, in that order, where given), as vLLM's greedy sampler

@@ -96,7 +96,7 @@ class LookaheadEngine:
         self.recycling = RecyclingGate(self.shared.recycle)
         self.drafting = Drafting(params, max_model_len, ranks, self.backend, self.recycling)
         self.verification = Verification(self.requests, self.recycling, self.stats)
-        self.layers: list[Any] | None = None  # the model's attention layers, found once (`platform.attention_layers`)
+        self.layers: list[Any] = []  # the model's attention layers with their caches, found by confirm_backend
         self.pending: LookaheadStep | None = None  # opened by propose, scheduled by begin_step
         self.step: LookaheadStep | None = None  # the step under way, closed by sample
 
@@ -134,8 +134,9 @@ class LookaheadEngine:
     def confirm_backend(self, runner: GPUModelRunner) -> None:
         """Once the attention layers and their caches exist: the backend checks them, or the engine runs chains;
         which path lookahead takes and why goes to the log once."""
+        self.layers = attention_layers(runner)  # the same list every step after (backends key what they checked on it)
         if self.backend.trees:
-            why = self.backend.check_layers(self._attention_layers(runner))
+            why = self.backend.check_layers(self.layers)
             if why is None and getattr(runner, "uses_mrope", False):
                 why = "the model's M-RoPE positions (tree positions are written for plain RoPE)"
             if why is not None:
@@ -189,7 +190,7 @@ class LookaheadEngine:
         did not make keep their one token: vLLM's zero padding near max_model_len), logprobs, and the step closed."""
         step, self.step = self.step or LookaheadStep(proposed={}, backend=self.backend), None
         result = sampling.sample(runner, vllm_sample, logits, spec_md)
-        paths = self.verification.verify(runner, step, result, self._attention_layers(runner))
+        paths = self.verification.verify(runner, step, result, self.layers)
         logprobs.attach(runner, result, paths)
         if step.attention_plans:
             if step.backend.used_kernel(step.attention_plans):
@@ -197,11 +198,6 @@ class LookaheadEngine:
             else:
                 self.stats.reference_attention_steps += 1
         return result.sampler_output
-
-    def _attention_layers(self, runner: GPUModelRunner) -> list[Any]:
-        if self.layers is None:
-            self.layers = attention_layers(runner)
-        return self.layers
 
     def propose(self, runner: GPUModelRunner, sampled_token_ids: list[list[int]]) -> list[list[int]]:
         """Next step's drafts per request; opens the step they belong to."""

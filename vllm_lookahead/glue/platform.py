@@ -59,8 +59,7 @@ def choose_backend(vllm_config: VllmConfig, settings: Settings) -> tuple[TreeBac
 
 
 def attention_layers(runner: GPUModelRunner) -> list[Any]:
-    """The runner's attention layers that own a KV cache (the engine finds them once and hands the same list to the
-    backend every step, which may key what it checked of the caches on it)."""
+    """The runner's attention layers that own a KV cache, once vLLM has allocated the caches."""
     ctx = runner.compilation_config.static_forward_context
     return [m for m in ctx.values() if hasattr(m, "kv_cache") and hasattr(m, "impl")]
 

@@ -1,13 +1,10 @@
-"""When token recycling is taught: the target's top tokens along every verified path cost a top-k per path row, paid
+"""When token recycling is taught: the target's top tokens along every verified path cost a top-k per tree row, paid
 only while a recycled guess could be drafted at all."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
-
-from vllm_lookahead.backends.logit_rows import LogitRows
 from vllm_lookahead.core.acceptance import AcceptanceStats
 from vllm_lookahead.core.recycle import TokenRecycler
 from vllm_lookahead.core.tree import Source
@@ -38,23 +35,8 @@ class RecyclingGate:
         rate = max((s.factor(Source.RECYCLE, 1) * s.calibration for s in stats), default=0.0)
         return self.recycle.best_estimate(rate) > floor
 
-    def path_top(
-        self,
-        logit_rows: LogitRows,
-        logits: torch.Tensor,
-        row0: Sequence[int],
-        paths: dict[int, list[int]],
-        want: Sequence[int],
-    ) -> dict[int, list[list[int]]]:
-        """Per request index in `want` (those whose state recycles): the target's top tokens (best first) at each row
-        of its path (x0 and the accepted nodes); nothing where the last drafted step's bar kept recycled guesses out.
-        One top-k call for all (the backend's `logit_rows`)."""
-        if self.recycle is None or not self.pays or not want:
-            return {}
-        rows = [row0[i] + u for i in want for u in paths[i]]
-        top = logit_rows.topk(logits, self.recycle.top_k, rows)
-        out, at = {}, 0
-        for i in want:
-            out[i] = top[at : at + len(paths[i])]
-            at += len(paths[i])
-        return out
+    def top_k(self) -> int:
+        """How many of the target's top tokens verification reads at each tree row for the table (0: none, where the
+        last drafted step's bar kept recycled guesses out). Read in the same pass as the rows' argmax
+        (`LogitRows.pick`); the table learns those of each verified path."""
+        return self.recycle.top_k if self.recycle is not None and self.pays else 0

@@ -11,12 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from vllm_lookahead.backends.logit_rows import LogitRows
+from vllm_lookahead.backends.logit_rows import LogitRows, Picks
 from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.core.verify import draw_verify, greedy_verify
 from vllm_lookahead.glue.recycling import RecyclingGate
@@ -31,10 +32,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Verified:
-    """One request's verification: the target's argmax at its nodes, the accepted nodes and the output tokens."""
+    """One request's verification: the target's argmax (and top tokens, where recycling reads them) at its nodes, the
+    accepted nodes and the output tokens."""
 
     scheduled: ScheduledTree
-    argmax: list[int]
+    picks: Picks
     accepted: list[int]
     tokens: list[int]
     greedy: bool
@@ -64,10 +66,8 @@ class Verification:
         out_rows = host.numpy()
         verified = self._verify_trees(runner, step, result, out_rows)
         paths = {v.scheduled.req_index: [0, *v.accepted] for v in verified}
-        want = [v.scheduled.req_index for v in verified if self._recycles(v.scheduled)]
-        top = self.recycling.path_top(step.backend.logit_rows, result.logits, result.first_rows, paths, want)
         for v in verified:
-            self._update(v, top.get(v.scheduled.req_index))
+            self._update(v)
         if host is not sampled:
             sampled.copy_(host, non_blocking=True)
         src, dst = _kv_moves(runner, verified)
@@ -82,18 +82,16 @@ class Verification:
         argmax)."""
         row0 = result.first_rows
         spans = [(row0[s.req_index], s.tree.num_nodes) for s in step.scheduled]
-        if result.x0_is_argmax:  # every row's argmax: the x0 rows' are the draws
-            every = step.backend.logit_rows.argmax(result.logits)
+        k = self.recycling.top_k() if any(self._recycles(s) for s in step.scheduled) else 0
+        every, picks = _read_rows(step.backend.logit_rows, result.logits, spans, result.x0_is_argmax, k)
+        if every is not None:  # the x0 rows' argmax are the draws
             out_rows[:, 0] = [every[r] for r in row0]
-            argmax_of = [every[first : first + n] for first, n in spans]
-        else:
-            argmax_of = _tree_argmax(step.backend.logit_rows, result.logits, spans)
         md = runner.input_batch.sampling_metadata
         verified: list[Verified] = []
-        for s, tree_argmax in zip(step.scheduled, argmax_of, strict=True):
+        for s, tree_picks in zip(step.scheduled, picks, strict=True):
             greedy = is_greedy(md, s.req_index)
             if greedy:
-                accepted, tokens = greedy_verify(s.tree, tree_argmax)
+                accepted, tokens = greedy_verify(s.tree, tree_picks.argmax)
             else:
                 first_row = row0[s.req_index]
                 first = int(out_rows[s.req_index, 0]) if result.first_rows_sampled else None
@@ -101,19 +99,22 @@ class Verification:
                 accepted, tokens = draw_verify(s.tree, partial(draw_at, runner.sampler, md, s.req_index, rows, first))
             out_rows[s.req_index] = -1
             out_rows[s.req_index, : len(tokens)] = tokens
-            verified.append(Verified(s, tree_argmax, accepted, tokens, greedy))
+            verified.append(Verified(s, tree_picks, accepted, tokens, greedy))
         return verified
 
     def _recycles(self, s: ScheduledTree) -> bool:
         state = self.requests.states.get(s.req_id)
         return state is not None and state.recycle is not None
 
-    def _update(self, v: Verified, top: list[list[int]] | None) -> None:
+    def _update(self, v: Verified) -> None:
         s = v.scheduled
         stats = self.stats
         state = self.requests.states.get(s.req_id)
         if state is not None:
-            state.update(s.tree, v.argmax, v.tokens, top)
+            # token recycling learns the target's top tokens along the verified path: x0 and the accepted nodes
+            tops = v.picks.top
+            top = None if tops is None or state.recycle is None else [tops[u] for u in (0, *v.accepted)]
+            state.update(s.tree, v.picks.argmax, v.tokens, top)
         if s.ours and state is not None:
             # The nodes' rates are learned by the state in hindsight, over its whole tree; the window's worth and the
             # carried nodes' calibration here.
@@ -126,15 +127,21 @@ class Verification:
             stats.sampled_accepted += len(v.tokens) - 1
 
 
-def _tree_argmax(logit_rows: LogitRows, logits: torch.Tensor, spans: list[tuple[int, int]]) -> list[list[int]]:
-    """The argmax of each (first row, rows) span of the logits, from one call over the spans' rows alone: at a large
-    batch most requests carry no tree, and their rows are not read."""
-    flat = logit_rows.argmax(logits, [r for first, n in spans for r in range(first, first + n)])
-    out, at = [], 0
-    for _, n in spans:
-        out.append(flat[at : at + n])
-        at += n
-    return out
+def _read_rows(
+    logit_rows: LogitRows, logits: torch.Tensor, spans: list[tuple[int, int]], every_row: bool, k: int
+) -> tuple[list[int] | None, list[Picks]]:
+    """One pass over the logits rows verification reads: each (first row, rows) span's argmax and, where k > 0, its
+    top k tokens. Only the spans' rows (at a large batch most requests carry no tree: their rows are not read), or
+    every row where `every_row` (each x0's draw is its argmax), whose argmax is returned too."""
+    rows = None if every_row else [r for first, n in spans for r in range(first, first + n)]
+    picks = logit_rows.pick(logits, rows, k)
+    starts = [first for first, _ in spans] if every_row else list(accumulate((n for _, n in spans), initial=0))
+    top = picks.top
+    per_span = [
+        Picks(picks.argmax[a : a + n], None if top is None else top[a : a + n])
+        for a, (_, n) in zip(starts, spans, strict=False)
+    ]
+    return (picks.argmax if every_row else None), per_span
 
 
 def _kv_moves(runner: GPUModelRunner, verified: list[Verified]) -> tuple[list[int], list[int]]:
