@@ -72,8 +72,8 @@ CLOCKED = (
 # (nested: a row includes the rows under it). A function is wrapped in the module that calls it.
 PARTS = (
     ("propose: each request's state caught up", "vllm_lookahead.glue.requests", "Requests", "state"),
-    ("propose: the bar (score_floor, the fit solved)", "vllm_lookahead.glue.drafting", None, "score_floor"),
-    ("propose: the step-cost fit solved", "vllm_lookahead.core.cost", "StepCost", "_solve"),
+    ("propose: the bar (score_floor, curves made)", "vllm_lookahead.glue.drafting", None, "score_floor"),
+    ("propose: the step cost's curves made", "vllm_lookahead.core.cost", "StepCost", "_build"),
     ("propose: trees built (build_tree)", "vllm_lookahead.core.state", "LookaheadState", "build_tree"),
     ("- suffix-tree candidates", "vllm_lookahead.core.suffix", "SuffixCandidates", "candidates"),
     ("- prompt-lookup candidates", "vllm_lookahead.core.lookup", "LookupIndex", "candidates"),

@@ -153,7 +153,11 @@ class LookaheadEngine:
             return  # fixed costs: nothing to measure
         # the most tokens a step can compute; under tensor parallelism the largest tree, so that every rank times
         # the same passes whatever its clock says
-        largest = min(runner.max_num_tokens, runner.max_num_reqs + self.params.step_token_budget)
+        largest = min(
+            runner.max_num_tokens,
+            runner.max_num_reqs + self.params.step_token_budget,
+            runner.max_num_reqs * runner.uniform_decode_query_len,  # what a decode batch of vLLM's dummy run holds
+        )
         ranks = self.drafting.ranks
         sizes = seed_sizes(largest if ranks == 1 else min(largest, self.params.max_tree_nodes))
         start = time.perf_counter()
