@@ -131,7 +131,8 @@ def test_cuda_trees_on_flash_attn_and_triton_attn_chains_elsewhere():
 def _layer(kind: str, **impl_fields):
     from types import SimpleNamespace
 
-    fields = dict(head_size=64, sliding_window=None, alibi_slopes=None, sinks=None, logits_soft_cap=None)
+    fields = dict(num_heads=4, num_kv_heads=2, head_size=64, sliding_window=None, alibi_slopes=None, sinks=None,
+                  logits_soft_cap=None)  # fmt: skip
     impl = type(kind, (), {**fields, **impl_fields})()
     kv = torch.zeros(2, 4, 16, 128, dtype=torch.bfloat16)
     return SimpleNamespace(impl=impl, kv_cache=kv, layer_name="model.layers.0.attn")

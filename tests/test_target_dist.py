@@ -4,6 +4,7 @@ own path (its generator then gives plain decoding's tokens)."""
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -205,3 +206,85 @@ def test_seeded_draw_takes_vllms_path(monkeypatch):
     monkeypatch.setattr(target_dist, "nucleus", lambda *a: called.append(a) or None)
     draw(sampler, row, _metadata(1, 0.7, 0.9, None, {}), 0)
     assert called  # an unseeded one with top-p looks for the nucleus (None: it falls back to vLLM's path)
+
+
+# --- every node drawn at once (a GPU's path, `draw_trees`) ------------------------------------------------------------
+
+
+def _walk_tree(rows: torch.Tensor, seed: int):
+    """A 24-node tree whose nodes carry their parent row's likelier tokens (so walks go deep), random parents."""
+    from vllm_lookahead.core.tree import StepTree
+
+    rng = torch.Generator().manual_seed(seed)
+    tokens, parents, depths = [int(rows[0].argmax())], [-1], [0]
+    for u in range(1, rows.shape[0]):
+        parent = int(torch.randint(0, u, (1,), generator=rng))
+        likely = rows[parent].topk(3).indices
+        tokens.append(int(likely[int(torch.randint(0, 3, (1,), generator=rng))]))
+        parents.append(parent)
+        depths.append(depths[parent] + 1)
+    return StepTree(tokens=tokens, parents=parents, depths=depths)
+
+
+@pytest.mark.parametrize("path", ["cpu", "native"])
+@pytest.mark.parametrize("x0_drawn", [True, False])
+def test_batched_draws_give_seeded_walks_the_tokens_and_generators_of_walking(path: str, x0_drawn: bool):
+    """`draw_trees` (every node at once, one copy) against the walk that draws at each visited node (`draw_at`):
+    seeded requests get the same tokens and leave their generators in the same state, through vLLM's CPU sampler
+    and through its GPU path (`forward_native`), with top-k and top-p."""
+    from vllm_lookahead.core.verify import draw_verify
+
+    sampler = _sampler()
+    if path == "native":
+        sampler.topk_topp_sampler.forward = sampler.topk_topp_sampler.forward_native
+    vocab, n, reqs = 64, 24, 3
+    walked = 0
+    for seed in range(6):
+        logits = torch.randn(reqs * n, vocab, generator=torch.Generator().manual_seed(seed)) * 4
+        trees = [_walk_tree(logits[i * n : (i + 1) * n], seed * 10 + i) for i in range(reqs)]
+        x0 = torch.tensor([int(logits[i * n].argmax()) for i in range(reqs)])
+        md_walk, md_batch = (
+            _metadata(reqs, 0.8, 0.95, 20, {i: torch.Generator().manual_seed(100 * seed + i) for i in range(reqs)})
+            for _ in range(2)
+        )
+        batch = SimpleNamespace(sampling_metadata=md_batch)
+        spans = [(i, i * n, tree) for i, tree in enumerate(trees)]
+        draws = target_dist.draw_trees(sampler, batch, logits, spans, x0 if x0_drawn else None)
+        for i, tree in enumerate(trees):
+            rows = logits[i * n : (i + 1) * n]
+            first = int(x0[i]) if x0_drawn else None
+            want = draw_verify(tree, partial(target_dist.draw_at, sampler, md_walk, i, rows, first))
+            got = draw_verify(tree, draws.draws[i].__getitem__)
+            draws.consumed(i, len(got[1]))
+            assert got == want, (seed, i)
+            assert torch.equal(md_batch.generators[i].get_state(), md_walk.generators[i].get_state()), (seed, i)
+            walked += len(want[1]) - 1
+    assert walked >= 12  # the walks went past their roots (a token below x0 for two walks in three)
+
+
+def test_batched_unseeded_draws_sample_each_nodes_distribution():
+    """An unseeded node's batched draw follows the target's distribution after temperature, top-k and top-p."""
+    from scipy.stats import chisquare
+
+    from vllm_lookahead.core.tree import StepTree
+
+    sampler = _sampler()
+    sampler.topk_topp_sampler.forward = sampler.topk_topp_sampler.forward_native
+    row = torch.full((64,), -30.0)
+    row[[3, 7, 11, 19, 23]] = torch.tensor([2.0, 1.6, 1.2, 0.5, 0.0])
+    logits = torch.stack([row, row.roll(5)])  # the root's row, then node 1's
+    tree = StepTree(tokens=[0, 3], parents=[-1, 0], depths=[0, 1])
+    md = _metadata(1, 0.9, 0.9, 4, {})
+    batch = SimpleNamespace(sampling_metadata=md)
+    torch.manual_seed(0)
+    n = 3000
+    counts = {}
+    for _ in range(n):
+        t = target_dist.draw_trees(sampler, batch, logits, [(0, 0, tree)], torch.tensor([3])).draws[0][1]
+        counts[t] = counts.get(t, 0) + 1
+    kept = [8, 12, 16, 24]  # node 1's top 4 (top-k), all inside top-p 0.9
+    probs = torch.softmax(row[[3, 7, 11, 19]].double() / 0.9, 0)
+    cut = int((torch.cumsum(probs, 0) - probs < 0.9).sum())  # vLLM's top-p over the top-k tokens
+    want = torch.softmax(row[[3, 7, 11, 19]][:cut].double() / 0.9, 0)
+    assert set(counts) == set(kept[:cut]), counts
+    assert chisquare([counts[t] for t in kept[:cut]], (want * n).tolist()).pvalue > 1e-3

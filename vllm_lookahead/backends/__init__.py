@@ -47,7 +47,12 @@ def select(spec: CacheSpec, force_chains: str | None = None, compiled: bool = Tr
 
 
 def _chains(spec: CacheSpec, compiled: bool) -> ChainBackend:
-    """The chain backend; on a CPU it reads logits rows with the compiled library, as the CPU backend does."""
+    """The chain backend; on a CPU it reads logits rows with the compiled library, as the CPU backend does, and on a
+    GPU on the device, as the CUDA backend does."""
+    if spec.platform == "cuda":
+        from vllm_lookahead.backends.logit_rows import DeviceLogitRows
+
+        return ChainBackend(DeviceLogitRows())
     if spec.platform != "cpu":
         return ChainBackend()
     from vllm_lookahead.backends.cpu.logit_rows import cpu_rows

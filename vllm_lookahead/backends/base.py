@@ -4,12 +4,17 @@ A backend answers these for the engine:
 - `unsupported(spec)`: whether it runs lookahead's tree rows on a given KV cache (its platform, layout, dtype,
   head size, block size); None when it does, else why not (the engine then runs the chain backend and says so once);
   `check_layers(layers)` confirms it on the model's real attention layers once they exist;
+- `prepare(rows, plans)`: once a step that carries trees is scheduled, before its forward pass: what every layer's
+  `attend` reads (a GPU's kernel descriptors, uploaded once), kept in the step's `plans`;
 - `attend(rows, plans, ...)`: one attention layer of a step that carries trees: every row of the batch computed, the
   tree rows with each node attending its request's cached prefix and its own ancestors;
 - `relocate(layers, src, dst)`: accepted tree nodes' KV moved from the slots they were written at to the
   consecutive slots vLLM expects, in every layer's cache;
+- `warm_up(layers)`: before the first request, whatever the backend would otherwise prepare while requests wait (a
+  GPU's Triton kernels compiled);
 - `logit_rows`: the target's argmax and top tokens over chosen rows of a step's logits, which verification and token
-  recycling read (`logit_rows.LogitRows`: torch's; a CPU's compiled library where it loads, `cpu.logit_rows`).
+  recycling read (`logit_rows.LogitRows`: torch's; a CPU's compiled library where it loads, `cpu.logit_rows`; on a
+  GPU `logit_rows.DeviceLogitRows`, which also tells verification to draw sampled trees' tokens on the device).
 The CPU layouts (`backends.cpu`), the chain fallback (`backends.chain`) and the GPU kernel (`backends.cuda`) are the
 implementations. Backends import no glue: the glue hands them the step's tree rows (`TreeRows`) and a per-step dict
 in which a backend may keep what it prepares at the step's first layer for the others (`plans`).
@@ -76,6 +81,11 @@ class TreeBackend(ABC):
     def unsupported(cls, spec: CacheSpec) -> str | None:
         """None where this backend runs tree rows on such a cache, else the reason it does not."""
 
+    def prepare(self, rows: Sequence[TreeRows], plans: dict[int, object]) -> None:
+        """Once a step with tree rows is scheduled, before its forward pass: what `attend` reads at every layer, into
+        `plans` (the default: nothing; a backend may then prepare at the step's first layer)."""
+        return None
+
     @abstractmethod
     def attend(
         self,
@@ -101,6 +111,11 @@ class TreeBackend(ABC):
     def relocate(self, layers: Sequence[Any], src: Sequence[int], dst: Sequence[int]) -> None:
         """For every attention layer's cache, copy the KV at global slots `src` to slots `dst` (pairwise; every
         source read before any destination is written)."""
+
+    def warm_up(self, layers: Sequence[Any]) -> str | None:
+        """After vLLM's own warm-up, before the first request (the layers `check_layers` accepted): what would
+        otherwise be prepared on the first requests' time. Returns what it did, for the log (None: nothing)."""
+        return None
 
     def check_layers(self, layers: Sequence[Any]) -> str | None:
         """Once the model's attention layers and caches exist (before the first step): None where this backend

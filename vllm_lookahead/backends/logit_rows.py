@@ -1,6 +1,7 @@
 """The target's argmax and top tokens over chosen rows of a step's logits, as verification and token recycling read
 them (`pick`: both in one call, since recycling's rows are among verification's), in torch and numpy: every
-backend's unless it has faster code (the CPU backend's compiled library, `backends.cpu.logit_rows`).
+backend's unless it has faster code (the CPU backend's compiled library, `backends.cpu.logit_rows`). On a GPU
+(`DeviceLogitRows`) both stay on the device and come back in one copy a call.
 
 The argmax follows vLLM's greedy sampler (`argmax(-1)` of the float32 logits): the first maximal index, NaN counting
 as the largest. The constants below were timed on a CPU (docs/results.md, "Tuned constants").
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
+
+from vllm_lookahead.backends.staging import download, to_device
 
 # The vocabulary's blocks `topk` reduces first: the top k tokens lie in the k blocks with the largest maxima.
 TOPK_BLOCK = 128
@@ -33,6 +37,11 @@ class Picks:
 
 class LogitRows:
     """argmax / top-k over logits rows with torch (numpy's argmax on a CPU: the same rule, several times faster)."""
+
+    # Whether the rows live where reading one costs a wait for the stream (a GPU): verification then draws a sampled
+    # tree's tokens at every node in one batch on the device and reads them in one copy, instead of drawing at the
+    # nodes its walk visits (a host, where reads are free and most nodes are never visited).
+    on_device: ClassVar[bool] = False
 
     def pick(self, logits: torch.Tensor, rows: Sequence[int] | None = None, k: int = 0) -> Picks:
         """The argmax of each row of `logits` (of its `rows`, in that order, where given) and, where k > 0, its k
@@ -81,3 +90,28 @@ def _topk(rows: torch.Tensor, k: int) -> list[list[int]]:
     tokens = blocks.gather(1, best.unsqueeze(-1).expand(r, k, TOPK_BLOCK)).reshape(r, k * TOPK_BLOCK)
     top = tokens.topk(k, dim=-1).indices  # positions among the best blocks' tokens
     return (best.gather(1, top // TOPK_BLOCK) * TOPK_BLOCK + top % TOPK_BLOCK).tolist()
+
+
+class DeviceLogitRows(LogitRows):
+    """A GPU's: argmax and top k on the device in the logits' own dtype (exact: vLLM's greedy sampler takes the argmax
+    of a float32 copy, which holds every half-precision value as it is), read back in one copy a call."""
+
+    on_device = True
+
+    def pick(self, logits: torch.Tensor, rows: Sequence[int] | None = None, k: int = 0) -> Picks:
+        if rows is not None:
+            logits = logits.index_select(0, to_device(rows, torch.int64, logits.device))
+        argmax = logits.argmax(-1)
+        if k <= 0:
+            return Picks(download(argmax), None)
+        top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+        both = download(torch.cat([argmax.unsqueeze(1), top], dim=1))
+        return Picks([r[0] for r in both], [r[1:] for r in both])
+
+    def argmax(self, logits: torch.Tensor, rows: Sequence[int] | None = None) -> list[int]:
+        return self.pick(logits, rows).argmax
+
+    def topk(self, logits: torch.Tensor, k: int, rows: Sequence[int] | None = None) -> list[list[int]]:
+        top = self.pick(logits, rows, k).top
+        assert top is not None
+        return top

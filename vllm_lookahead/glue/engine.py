@@ -37,7 +37,7 @@ from vllm_lookahead.core.suffix import SuffixCandidates
 from vllm_lookahead.core.tree import Source
 from vllm_lookahead.glue import logprobs, sampling
 from vllm_lookahead.glue.drafting import Drafting
-from vllm_lookahead.glue.platform import attention_layers
+from vllm_lookahead.glue.platform import attention_layers, check_model_layers, graph_modes
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests, Shared
 from vllm_lookahead.glue.resting import Rests
@@ -132,23 +132,37 @@ class LookaheadEngine:
 
     # -- the hooks, in the runner's order ---------------------------------------------------------------------
     def confirm_backend(self, runner: GPUModelRunner) -> None:
-        """Once the attention layers and their caches exist: the backend checks them, or the engine runs chains;
-        which path lookahead takes and why goes to the log once."""
+        """Once the model's layers and their caches exist: the model's layers (`check_model_layers`: recurrent
+        layers refused, what no backend's trees serve sends the engine to chains) and the backend's own check of the
+        attention layers; which path lookahead takes and why, and on CUDA which graphs each kind of step runs under,
+        go to the log once."""
         self.layers = attention_layers(runner)  # the same list every step after (backends key what they checked on it)
         if self.backend.trees:
-            why = self.backend.check_layers(self.layers)
-            if why is None and getattr(runner, "uses_mrope", False):
-                why = "the model's M-RoPE positions (tree positions are written for plain RoPE)"
+            why = check_model_layers(runner, self.layers) or self.backend.check_layers(self.layers)
             if why is not None:
                 self.backend, self.backend_reason = ChainBackend(self.backend.logit_rows), f"{CHAINS}: {why}"
                 self.drafting.backend = self.backend
         if not self._confirmed:
             self._confirmed = True
             logger.info("lookahead runs %s", self.backend_reason)
+            graphs = graph_modes(runner, self.backend.trees)
+            if graphs is not None:
+                logger.info("lookahead: %s", graphs)
+
+    def step_has_trees(self) -> bool:
+        """Whether the step under way (scheduled, not yet sampled) carries tree rows."""
+        return self.step is not None and bool(self.step.attention_rows)
 
     def warm_up(self, runner: GPUModelRunner) -> None:
-        """After vLLM's own warm-up, before the first request: the step-cost seed, from forward passes of 1, 2, 4,
-        ... tokens up to the largest step timed now (`seed_timing.py`), said in the log once."""
+        """After vLLM's own warm-up, before the first request: the backend's (`TreeBackend.warm_up`: a GPU's
+        kernels compiled), then the step-cost seed, from forward passes of 1, 2, 4, ... tokens up to the largest
+        step timed now (`seed_timing.py`); each said in the log once."""
+        if self.backend.trees:
+            start = time.perf_counter()
+            done = self.backend.warm_up(self.layers)
+            if done is not None:
+                logger.info("lookahead: %s backend warmed up: %s, in %.1f s", self.backend.name, done,
+                            time.perf_counter() - start)  # fmt: skip
         if self.params.node_cost is not None:
             return  # fixed costs: nothing to measure
         # the most tokens a step can compute; under tensor parallelism the largest tree, so that every rank times
@@ -180,6 +194,8 @@ class LookaheadEngine:
         self.step = step
         self.drafting.time_step(runner, scheduler_output)
         schedule_trees(step, runner, scheduler_output, self.requests.plain_greedy)
+        if step.attention_rows:  # before the forward pass: what every layer's attention reads
+            step.backend.prepare(step.attention_rows, step.attention_plans)
         self.drafting.timer.branched(bool(step.attention_rows))
 
     def forward_scope(self) -> AbstractContextManager[None]:

@@ -1,5 +1,5 @@
 """Which attention backend runs lookahead on this engine, decided once at start-up and said once in the log, and the
-model's attention layers it is confirmed on.
+model's layers it is confirmed on (`check_model_layers`: what no backend's trees serve).
 
 The KV cache's layout follows from the platform and vLLM's choices: on a CPU, vLLM's CPU_ATTN picks an ISA per
 dtype, block size, head size and host (`_get_attn_isa`, imported rather than copied, so the answer is vLLM's own).
@@ -8,17 +8,15 @@ The engine's settings may force the chain backend or keep the compiled CPU libra
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 from vllm_lookahead.backends import CacheSpec, TreeBackend, select
+from vllm_lookahead.glue.cuda_graphs import describe
 from vllm_lookahead.glue.settings import BACKEND_CHOICES, BACKEND_ENV, Settings
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-logger = logging.getLogger("vllm_lookahead")
 
 
 def cache_spec(vllm_config: VllmConfig) -> CacheSpec:
@@ -64,21 +62,36 @@ def attention_layers(runner: GPUModelRunner) -> list[Any]:
     return [m for m in ctx.values() if hasattr(m, "kv_cache") and hasattr(m, "impl")]
 
 
-def attention_outside_graphs(vllm_config: VllmConfig) -> None:
-    """On CUDA, steps with trees must run attention eagerly (vLLM's full CUDA graphs capture attention, and a replay
-    would never reach the tree kernel): full modes become PIECEWISE, where attention runs between the captured
-    pieces, or NONE where attention is not a splitting op. Said once in the log."""
-    from vllm.config.compilation import CUDAGraphMode
+def check_model_layers(runner: GPUModelRunner, layers: list[Any]) -> str | None:
+    """Once the model is loaded, what of its layers no tree backend computes: why the engine runs chains (None:
+    nothing). Layers with a recurrent state (vLLM's `MambaBase`: Mamba, linear attention, gated delta nets) raise,
+    since chains would not restore their state either (the configuration check refuses such models earlier)."""
+    from vllm.model_executor.layers.attention.chunked_local_attention import ChunkedLocalAttention
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    ctx = runner.compilation_config.static_forward_context
+    recurrent = [f"{name} ({type(m).__name__})" for name, m in ctx.items() if isinstance(m, MambaBase)]
+    if recurrent:
+        raise ValueError(
+            f"lookahead: the model has layers with a recurrent state ({', '.join(recurrent[:3])}"
+            f"{', ...' if len(recurrent) > 3 else ''}): lookahead drafts only for models whose every layer is attention"
+        )
+    for layer in layers:
+        if isinstance(layer, ChunkedLocalAttention):
+            # its metadata builder splits each request into virtual batches of attention_chunk_size: a tree kernel
+            # would read the whole prefix through the wrong block-table rows, while vLLM's own kernel runs chains
+            return f"layer {layer.layer_name} runs chunked local attention (chunk {layer.attention_chunk_size})"
+    if getattr(runner, "uses_mrope", False):
+        return "the model's M-RoPE positions (tree positions are written for plain RoPE)"
+    return None
+
+
+def graph_modes(runner: GPUModelRunner, trees: bool) -> str | None:
+    """On CUDA, the log line saying which graphs each kind of step runs under (`cuda_graphs.py`); None elsewhere."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cuda():
-        return
-    cc = vllm_config.compilation_config
-    mode = cc.cudagraph_mode
-    if mode is None or not mode.has_full_cudagraphs():
-        return
-    cc.cudagraph_mode = CUDAGraphMode.PIECEWISE if cc.splitting_ops_contain_attention() else CUDAGraphMode.NONE
-    logger.info(
-        "lookahead: CUDA graph mode %s -> %s (tree attention runs outside captured graphs)", mode.name,
-        cc.cudagraph_mode.name,
-    )  # fmt: skip
+        return None
+    dispatcher = getattr(runner, "cudagraph_dispatcher", None)
+    mode = dispatcher.cudagraph_mode if dispatcher is not None else runner.compilation_config.cudagraph_mode
+    return describe(mode, trees)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_lookahead.backends.staging import to_device
 from vllm_lookahead.glue.step import StepResult
 
 if TYPE_CHECKING:
@@ -48,8 +49,8 @@ def sample(
     if argmax_is_the_draw(runner):
         # vLLM's sampler's many small operations cost more than the argmax verification takes of every row anyway
         return StepResult(logits, spec_md, _output(spec_md, len(first), logits.device), first, True, True)
-    # index_select: cheaper than advanced indexing (`logits[first]`) on a CPU
-    rows = logits.index_select(0, torch.tensor(first, device=logits.device))
+    # index_select: cheaper than advanced indexing (`logits[first]`) on a CPU; the rows' index in one upload on a GPU
+    rows = logits.index_select(0, to_device(first, torch.int64, logits.device))
     plain = runner.sampler(logits=rows, sampling_metadata=runner.input_batch.sampling_metadata)
     x0 = plain.sampled_token_ids[:, 0]
     return StepResult(logits, spec_md, _output(spec_md, len(first), x0.device, x0), first, True, False)

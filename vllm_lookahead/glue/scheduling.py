@@ -3,7 +3,8 @@ positions, and the rows the attention backend computes as a tree.
 
 vLLM derives the KV slots from linear positions (`num_computed_tokens + arange`) before this runs, so a tree node
 u keeps the slot of position P+u; here its position, which RoPE reads, becomes P + its depth. Those position writes
-are one of the engine's three writes into vLLM's data.
+are one of the engine's three writes into vLLM's data: every tree's at once, from one host buffer uploaded in one
+copy (`staging`; vLLM's positions live on the device on a GPU).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from vllm_lookahead.backends import TreeRows
+from vllm_lookahead.backends.staging import to_device
 from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.glue.step import LookaheadStep, ScheduledTree
 
@@ -38,7 +41,7 @@ def schedule_trees(
     qsl = runner.query_start_loc.np
     computed = batch.num_computed_tokens_cpu
     block_table = batch.block_table[0].get_cpu_tensor()
-    positions = runner.positions
+    rows: list[np.ndarray] = []  # the branching trees' query rows and their positions
     for req_id, drafts in spec.items():
         if not drafts:
             continue
@@ -61,7 +64,15 @@ def schedule_trees(
         step.scheduled.append(ScheduledTree(req_id, idx, q_start, prefix_len, tree, ours))
         if not tree.is_chain:
             n = tree.num_nodes
-            positions[q_start : q_start + n] = torch.tensor(tree.depths, dtype=positions.dtype).add_(prefix_len)
+            rows.append(np.stack([np.arange(q_start, q_start + n), np.add(tree.depths, prefix_len)]))
             step.attention_rows.append(
                 TreeRows(idx, q_start, n, prefix_len + n, block_table[idx], tree.ancestor_mask())
             )
+    if rows:
+        write_positions(runner.positions, np.concatenate(rows, axis=1))
+
+
+def write_positions(positions: torch.Tensor, rows: np.ndarray) -> None:
+    """positions[rows[0]] = rows[1]: one upload of both and one scatter on the positions' device."""
+    both = to_device(rows.reshape(-1), torch.int64, positions.device).view(2, -1)
+    positions.index_copy_(0, both[0], both[1].to(positions.dtype))

@@ -10,17 +10,30 @@ vLLM's top-p makes (`nucleus`) and draws from the same tokens in the same propor
 vLLM's pytorch one, which it runs on CPU: its Triton kernel needs a Triton with a CPU backend, which vLLM's CPU
 build does not have.) Requests whose distribution needs anything else (penalties, logit bias,
 bad words, allowed tokens, logprobs in a processed logprobs_mode) are not drafted for (eligibility.py).
+
+That walk reads each draw before it knows the next node, which on a GPU is a wait for the stream per visited node.
+There (`LogitRows.on_device`) `draw_trees` draws every node of every sampled tree in one call of vLLM's sampler and
+reads them back in one copy; the walk then looks its draws up. A seeded request's node at depth d draws from a copy
+of its generator in the state plain decoding's d-th draw would find (the states found by letting vLLM's sampler draw
+from it), and once the walk is done the generator is left where plain decoding's draws of those tokens leave it: the
+same tokens, token for token, as the walk's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_lookahead.backends.staging import download, to_device
+from vllm_lookahead.core.tree import StepTree
+
 if TYPE_CHECKING:
     from vllm.v1.sample.metadata import SamplingMetadata
     from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu_input_batch import InputBatch
 
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below it a request is greedy
 # How many of a row's largest tokens `nucleus` looks among for a top-p nucleus, first and then at most, before it
@@ -28,10 +41,12 @@ GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below it a request is greedy
 NUCLEUS_SEARCH = (64, 1024)
 
 
-def is_greedy(md: SamplingMetadata, req_index: int) -> bool:
+def is_greedy(batch: InputBatch, req_index: int) -> bool:
+    """Whether a request of the input batch is greedy (read from the batch's host copy of the temperatures)."""
+    md = batch.sampling_metadata
     if md.all_greedy:
         return True
-    return md.temperature is None or float(md.temperature[req_index]) < GREEDY_EPS
+    return md.temperature is None or float(batch.temperature_cpu[req_index]) < GREEDY_EPS
 
 
 def processed_logits(row: torch.Tensor, md: SamplingMetadata, req_index: int) -> torch.Tensor:
@@ -123,3 +138,97 @@ def draw_at(
     if u == 0 and first is not None:
         return first
     return draw(sampler, rows[u], md, req_index)
+
+
+@dataclass
+class TreeDraws:
+    """`draw_trees`' draws: per tree, the target's token at every node (node 0: vLLM's own draw at x0 where the step
+    sampled it), and per seeded tree its generator with the states it has after 0, 1, 2, ... draws."""
+
+    draws: list[list[int]]
+    generators: list[tuple[torch.Generator, list[torch.Tensor]] | None]
+    x0_drawn: bool
+
+    def consumed(self, tree: int, tokens: int) -> None:
+        """Tree `tree`'s walk output `tokens` tokens: its generator (if seeded) is left as plain decoding's draws of
+        them leave it (x0's draw, where vLLM's sampler made it, was consumed already)."""
+        seeded = self.generators[tree]
+        if seeded is not None:
+            generator, states = seeded
+            generator.set_state(states[tokens - 1 if self.x0_drawn else tokens])
+
+
+def draw_trees(
+    sampler: Sampler,
+    batch: InputBatch,
+    logits: torch.Tensor,
+    trees: Sequence[tuple[int, int, StepTree]],
+    x0: torch.Tensor | None,
+) -> TreeDraws:
+    """Every node's draw of the step's sampled trees (`trees`: request index, first logits row, tree), each as `draw`
+    would make it, in one call of vLLM's sampler and one copy back. x0: vLLM's draw at each request's x0 row (the
+    sampler output's first column), or None where the step did not sample them (node 0 is then drawn here too)."""
+    md = batch.sampling_metadata
+    first = 0 if x0 is None else 1
+    rows: list[int] = []
+    reqs: list[int] = []
+    generators: dict[int, torch.Generator] = {}
+    seeded: list[tuple[torch.Generator, list[torch.Tensor]] | None] = []
+    for req_index, first_row, tree in trees:
+        gen = md.generators.get(req_index)
+        states = None if gen is None else _states(sampler, gen, max(tree.depths) + 2 - first, logits)
+        seeded.append(None if gen is None or states is None else (gen, states))
+        for u in range(first, tree.num_nodes):
+            if states is not None:  # the generator as plain decoding's draw at this depth finds it
+                copy = torch.Generator(device=gen.device)
+                copy.set_state(states[tree.depths[u] - first])
+                generators[len(rows)] = copy
+            rows.append(first_row + u)
+            reqs.append(req_index)
+    parts = []
+    if rows:
+        index = to_device([*rows, *reqs], torch.int64, logits.device).view(2, -1)
+        block = _processed_rows(logits, md, index)
+        k = None if md.top_k is None else md.top_k.index_select(0, index[1])
+        p = None if md.top_p is None else md.top_p.index_select(0, index[1])
+        sampled, _ = sampler.topk_topp_sampler(block, generators, k, p)
+        parts.append(sampled.view(-1).to(torch.int64))
+    if x0 is not None:
+        parts.append(x0.reshape(-1).to(torch.int64))
+    values = download(torch.cat(parts)) if parts else []
+    draws, at = [], 0
+    for req_index, _, tree in trees:
+        n = tree.num_nodes - first
+        draws.append(([values[len(rows) + req_index]] if first else []) + values[at : at + n])
+        at += n
+    return TreeDraws(draws, seeded, x0 is not None)
+
+
+def _states(sampler: Sampler, gen: torch.Generator, count: int, logits: torch.Tensor) -> list[torch.Tensor]:
+    """The generator's state now and after each of count - 1 draws of vLLM's sampler (a row of the logits' width,
+    drawn as a real row is: the draw consumes as much whatever the row holds); the generator is left as it was."""
+    states = [gen.get_state()]
+    row = torch.zeros(1, logits.shape[-1], dtype=torch.float32, device=logits.device)
+    for _ in range(count - 1):
+        sampler.topk_topp_sampler(row.clone(), {0: gen}, None, None)
+        states.append(gen.get_state())
+    gen.set_state(states[0])
+    return states
+
+
+def _processed_rows(logits: torch.Tensor, md: SamplingMetadata, index: torch.Tensor) -> torch.Tensor:
+    """The logits rows index[0] of requests index[1], as float32 after temperature and min-p (`processed_logits`, for
+    many rows at once)."""
+    from vllm.v1.sample.logits_processor.builtin import MinPLogitsProcessor
+
+    assert md.temperature is not None
+    block = logits.index_select(0, index[0]).to(torch.float32)
+    block.div_(md.temperature.index_select(0, index[1]).unsqueeze(1))
+    for proc in md.logitsprocs.argmax_invariant:
+        if not isinstance(proc, MinPLogitsProcessor):
+            raise RuntimeError(f"lookahead: cannot apply logits processor {type(proc).__name__} on a tree")
+        if proc.min_p_count:  # MinPLogitsProcessor.apply, each row with its request's min_p (0: keeps every token)
+            probs = torch.softmax(block, dim=-1)
+            min_p = proc.min_p.view(-1).index_select(0, index[1]).unsqueeze(1)
+            block.masked_fill_(probs < probs.amax(dim=-1, keepdim=True) * min_p, -float("inf"))
+    return block

@@ -2,8 +2,11 @@
 accepted nodes' KV moved to the consecutive slots vLLM expects, and the requests' states advanced.
 
 Greedy requests accept the longest path the target's argmax goes through; sampled ones follow the target's own
-draws along the tree (`target_dist.draw_at`: vLLM's sampler at x0, the same distribution below it). The window always
-advances with the argmax. The output rows and the KV moves are two of the engine's three writes into vLLM's data.
+draws along the tree (`target_dist.draw_at`: vLLM's sampler at x0, the same distribution below it; on a GPU every
+node's draw at once, `target_dist.draw_trees`). The window always advances with the argmax. The output rows and the
+KV moves are two of the engine's three writes into vLLM's data. Nothing here waits for the GPU more than a few times a
+step, however many trees and nodes: the rows' argmax and top tokens come back in one copy, the sampled trees' draws
+in another, the output rows go up in one.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import numpy as np
 import torch
 
 from vllm_lookahead.backends.logit_rows import LogitRows, Picks
+from vllm_lookahead.backends.staging import to_device
 from vllm_lookahead.core.tree import StepTree
 from vllm_lookahead.core.verify import draw_verify, greedy_verify
 from vllm_lookahead.glue.recycling import RecyclingGate
 from vllm_lookahead.glue.requests import Requests
 from vllm_lookahead.glue.stats import SOURCE_NAMES, LookaheadStats
 from vllm_lookahead.glue.step import LookaheadStep, ScheduledTree, StepResult
-from vllm_lookahead.glue.target_dist import draw_at, is_greedy
+from vllm_lookahead.glue.target_dist import TreeDraws, draw_at, draw_trees, is_greedy
 
 if TYPE_CHECKING:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -59,48 +63,37 @@ class Verification:
         tokens, root first)."""
         if result.spec_md is None or not (step.scheduled or result.x0_is_argmax):
             return {}
-        sampled = result.sampler_output.sampled_token_ids
-        # Written through a numpy view, cheaper than torch operations a request on a CPU (on a GPU, a host copy
-        # written back once).
-        host = sampled if sampled.device.type == "cpu" else sampled.cpu()
-        out_rows = host.numpy()
-        verified = self._verify_trees(runner, step, result, out_rows)
+        verified, every = self._verify_trees(runner, step, result)
+        _write_outputs(result, verified, every)
         paths = {v.scheduled.req_index: [0, *v.accepted] for v in verified}
         for v in verified:
             self._update(v)
-        if host is not sampled:
-            sampled.copy_(host, non_blocking=True)
         src, dst = _kv_moves(runner, verified)
         if src:
             step.backend.relocate(layers, src, dst)
         return paths
 
     def _verify_trees(
-        self, runner: GPUModelRunner, step: LookaheadStep, result: StepResult, out_rows: np.ndarray
-    ) -> list[Verified]:
-        """Each scheduled tree verified and its request's output row written (every request's x0 where it is the
-        argmax)."""
+        self, runner: GPUModelRunner, step: LookaheadStep, result: StepResult
+    ) -> tuple[list[Verified], list[int] | None]:
+        """Each scheduled tree verified; and, where every x0's draw is its argmax, every row's argmax."""
         row0 = result.first_rows
         spans = [(row0[s.req_index], s.tree.num_nodes) for s in step.scheduled]
         k = self.recycling.top_k() if any(self._recycles(s) for s in step.scheduled) else 0
-        every, picks = _read_rows(step.backend.logit_rows, result.logits, spans, result.x0_is_argmax, k)
-        if every is not None:  # the x0 rows' argmax are the draws
-            out_rows[:, 0] = [every[r] for r in row0]
-        md = runner.input_batch.sampling_metadata
+        logit_rows = step.backend.logit_rows
+        every, picks = _read_rows(logit_rows, result.logits, spans, result.x0_is_argmax, k)
+        batch = runner.input_batch
+        greedy = [is_greedy(batch, s.req_index) for s in step.scheduled]
+        sampled = [s for s, g in zip(step.scheduled, greedy, strict=True) if not g]
+        draws = _Draws(runner, result, logit_rows.on_device, sampled)
         verified: list[Verified] = []
-        for s, tree_picks in zip(step.scheduled, picks, strict=True):
-            greedy = is_greedy(md, s.req_index)
-            if greedy:
+        for s, tree_picks, g in zip(step.scheduled, picks, greedy, strict=True):
+            if g:
                 accepted, tokens = greedy_verify(s.tree, tree_picks.argmax)
             else:
-                first_row = row0[s.req_index]
-                first = int(out_rows[s.req_index, 0]) if result.first_rows_sampled else None
-                rows = result.logits[first_row : first_row + s.tree.num_nodes]
-                accepted, tokens = draw_verify(s.tree, partial(draw_at, runner.sampler, md, s.req_index, rows, first))
-            out_rows[s.req_index] = -1
-            out_rows[s.req_index, : len(tokens)] = tokens
-            verified.append(Verified(s, tree_picks, accepted, tokens, greedy))
-        return verified
+                accepted, tokens = draws.verify(s)
+            verified.append(Verified(s, tree_picks, accepted, tokens, g))
+        return verified, every
 
     def _recycles(self, s: ScheduledTree) -> bool:
         state = self.requests.states.get(s.req_id)
@@ -142,6 +135,61 @@ def _read_rows(
         for a, (_, n) in zip(starts, spans, strict=False)
     ]
     return (picks.argmax if every_row else None), per_span
+
+
+class _Draws:
+    """The step's sampled trees walked along the target's own draws: drawn at the nodes each walk visits where
+    reading a draw is free (a host), or all at once and read back in one copy (`on_device`: a GPU;
+    `target_dist.draw_trees`)."""
+
+    def __init__(self, runner: GPUModelRunner, result: StepResult, on_device: bool, trees: list[ScheduledTree]):
+        self.runner, self.result, self.index = runner, result, {s.req_id: i for i, s in enumerate(trees)}
+        x0 = result.sampler_output.sampled_token_ids[:, 0] if result.first_rows_sampled else None
+        self.batched: TreeDraws | None = None
+        self.x0: list[int] | None = None
+        if not trees:
+            return
+        if on_device:
+            spans = [(s.req_index, result.first_rows[s.req_index], s.tree) for s in trees]
+            self.batched = draw_trees(runner.sampler, runner.input_batch, result.logits, spans, x0)
+        elif x0 is not None:
+            self.x0 = x0.tolist()
+
+    def verify(self, s: ScheduledTree) -> tuple[list[int], list[int]]:
+        """A sampled tree's accepted nodes and output tokens."""
+        if self.batched is not None:
+            i = self.index[s.req_id]
+            accepted, tokens = draw_verify(s.tree, self.batched.draws[i].__getitem__)
+            self.batched.consumed(i, len(tokens))
+            return accepted, tokens
+        first_row = self.result.first_rows[s.req_index]
+        rows = self.result.logits[first_row : first_row + s.tree.num_nodes]
+        first = None if self.x0 is None else self.x0[s.req_index]
+        md = self.runner.input_batch.sampling_metadata
+        return draw_verify(s.tree, partial(draw_at, self.runner.sampler, md, s.req_index, rows, first))
+
+
+def _write_outputs(result: StepResult, verified: list[Verified], every: list[int] | None) -> None:
+    """Each verified request's output row (its tokens, then -1) written over vLLM's result; where every x0's draw is
+    its argmax (`every`: every row's), every request's row, its x0 token first. One upload and one scatter."""
+    sampled = result.sampler_output.sampled_token_ids
+    num_reqs, width = sampled.shape
+    if every is not None:
+        reqs = list(range(num_reqs))
+        out = np.full((num_reqs, width + 1), -1, dtype=np.int64)
+        out[:, 1] = [every[r] for r in result.first_rows]
+    else:
+        reqs = [v.scheduled.req_index for v in verified]
+        out = np.full((len(reqs), width + 1), -1, dtype=np.int64)
+    out[:, 0] = reqs
+    at = {r: i for i, r in enumerate(reqs)}
+    for v in verified:
+        row = out[at[v.scheduled.req_index]]
+        row[1:] = -1
+        row[1 : 1 + len(v.tokens)] = v.tokens
+    if len(out):
+        both = to_device(out.reshape(-1), torch.int64, sampled.device).view(len(out), width + 1)
+        sampled.index_copy_(0, both[:, 0], both[:, 1:].to(sampled.dtype))
 
 
 def _kv_moves(runner: GPUModelRunner, verified: list[Verified]) -> tuple[list[int], list[int]]:

@@ -5,7 +5,10 @@ out block, token, head (K then V along the last dimension): `split` gives the ke
 [num_blocks, block_size, num_kv_heads, head_size] views, as the backends take them. vLLM writes the step's K/V before
 a layer's forward runs, so a layer's tree rows are vLLM's forward over every row (plain rows exact, tree rows causal)
 and then the tree rows written again by `tree_kernel.tree_attention`, reading the cache in place. The kernel's
-per-step descriptors are built at the step's first layer and kept in the step's `plans`.
+per-step descriptors are built once the step is scheduled, before its forward pass (`prepare`: one upload per head
+shape), and kept in the step's `plans`. Nothing of a step waits for the GPU here: descriptors and KV moves go up in
+one copy each from page-locked memory (`staging`), logits rows are read on the device (`DeviceLogitRows`), and every
+kernel variant is compiled before the first request (`warm_up`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 import torch
 
 from vllm_lookahead.backends.base import CacheSpec, TreeBackend, TreeRows
+from vllm_lookahead.backends.logit_rows import DeviceLogitRows
 
 # vLLM's attention backends whose caches the kernel reads ("auto": the one vLLM picks, confirmed on the layers).
 BACKENDS = ("FLASH_ATTN", "TRITON_ATTN")
@@ -33,8 +37,14 @@ class CudaTreeBackend(TreeBackend):
     name = "cuda"
 
     def __init__(self) -> None:
-        super().__init__()
-        self._caches: dict[int, tuple[list[torch.Tensor], bool]] = {}
+        super().__init__(DeviceLogitRows())
+        # per list of layers (the engine passes the same list every step): their caches and, where alike, the table
+        # that moves their cells in two launches
+        self._caches: dict[int, tuple[list[torch.Tensor], Any]] = {}
+        # the layers' (num_heads, num_kv_heads) and device, once `check_layers` has seen them: `prepare` builds each
+        # head shape's descriptors before the forward pass
+        self._heads: set[tuple[int, int]] = set()
+        self._device: torch.device | None = None
 
     @classmethod
     def unsupported(cls, spec: CacheSpec) -> str | None:
@@ -58,7 +68,41 @@ class CudaTreeBackend(TreeBackend):
                 return f"layer {getattr(layer, 'layer_name', '?')} runs {kind}, not {' or '.join(BACKENDS)}"
             if why := _unsupported_impl(layer, impl):
                 return f"layer {getattr(layer, 'layer_name', '?')}: {why}"
+        self._heads = {(layer.impl.num_heads, layer.impl.num_kv_heads) for layer in layers}
+        caches = [layer.kv_cache for layer in layers if _has_cache(layer)]
+        self._device = caches[0].device if caches else None
         return None
+
+    def prepare(self, rows: Sequence[TreeRows], plans: dict[int, object]) -> None:
+        """Each head shape's descriptors (`TreeBatch`), built and uploaded before the forward pass."""
+        if self._device is None:
+            return  # layers not seen yet: `attend` builds them at the step's first layer
+        from vllm_lookahead.backends.cuda import tree_kernel
+
+        for heads in self._heads:
+            plans[hash(heads)] = tree_kernel.TreeBatch.build(
+                rows, self._device, num_heads=heads[0], num_kv_heads=heads[1]
+            )
+
+    def warm_up(self, layers: Sequence[Any]) -> str | None:
+        """Every kernel variant a step can launch compiled now (`tree_kernel.warm_up`, `relocation.warm_up`), on one
+        layer's cache per head shape and dtype, with nothing of the caches changed."""
+        from vllm_lookahead.backends.cuda import relocation, tree_kernel
+
+        seen: set[tuple[int, int, torch.dtype]] = set()
+        tree = 0
+        for layer in layers:
+            impl = layer.impl
+            if not _has_cache(layer) or (key := (impl.num_heads, impl.num_kv_heads, layer.kv_cache.dtype)) in seen:
+                continue
+            seen.add(key)
+            key_cache, value_cache = split(layer.kv_cache, impl.head_size)
+            tree += len(tree_kernel.warm_up(key_cache, value_cache, impl.num_heads, impl.scale))
+        _, table = self._table(layers)
+        moves = len(relocation.warm_up(table)) if table is not None else 0
+        if not tree and not moves:
+            return None
+        return f"{tree} tree-attention kernel variants and {moves} KV-move variants compiled"
 
     def attend(
         self,
@@ -98,29 +142,37 @@ class CudaTreeBackend(TreeBackend):
         in shape, dtype or strides."""
         if not src:
             return
-        caches = self._caches.get(id(layers))
-        if caches is None:  # the engine passes the same list every step: looked at once
-            from vllm_lookahead.backends.cuda import relocation
+        from vllm_lookahead.backends.cuda import relocation
 
-            found = [layer.kv_cache for layer in layers if layer.kv_cache is not None and layer.kv_cache.numel()]
-            caches = self._caches[id(layers)] = (found, relocation.cells_alike(found))
-        found, alike = caches
-        if alike:
-            from vllm_lookahead.backends.cuda import relocation
-
-            relocation.move_cells(found, src, dst)
+        found, table = self._table(layers)
+        if table is not None:
+            relocation.move_cells(table, src, dst)
             return
         index = None
         for kv in found:
-            if index is None:
-                both = torch.tensor([list(src), list(dst)], dtype=torch.long).to(kv.device, non_blocking=True)
-                index = (both // kv.shape[2], both % kv.shape[2])
-            blocks, offsets = index
+            if index is None:  # one upload for every layer (all share the first layer's block size or differ anyway)
+                index = relocation.move_indices(src, dst, kv.shape[2], kv.device)
             cells = kv.transpose(1, 2)  # [num_blocks, block_size, num_kv_heads, 2 * head_size]
-            cells[blocks[1], offsets[1]] = cells[blocks[0], offsets[0]]
+            cells[index[1, 0], index[1, 1]] = cells[index[0, 0], index[0, 1]]
+
+    def _table(self, layers: Sequence[Any]) -> tuple[list[torch.Tensor], Any]:
+        """The layers' caches and their `relocation.Cells` table (None where they differ), looked at once per list of
+        layers (the engine passes the same list every step)."""
+        caches = self._caches.get(id(layers))
+        if caches is None:
+            from vllm_lookahead.backends.cuda import relocation
+
+            found = [layer.kv_cache for layer in layers if _has_cache(layer)]
+            caches = self._caches[id(layers)] = (found, relocation.Cells.of(found))
+        return caches
 
     def used_kernel(self, plans: dict[int, object]) -> bool:
         return bool(plans)
+
+
+def _has_cache(layer: Any) -> bool:
+    kv = getattr(layer, "kv_cache", None)
+    return isinstance(kv, torch.Tensor) and kv.numel() > 0
 
 
 def _unsupported_impl(layer: Any, impl: Any) -> str | None:

@@ -17,8 +17,10 @@ split into num_splits segments of whole key tiles, one program each (the last al
 write unnormalised partials (acc, running max, sum) to a float32 workspace and `_combine_splits_kernel` merges them
 into the output rows (flash-decoding). `choose_tiling` picks BLOCK_M and num_splits per step from a cost model.
 
-Per step, `TreeBatch.build` packs the descriptors on the host (numpy, vectorised over trees) and uploads them in one
-copy; every layer then launches with Python ints and device pointers only (no host sync).
+Per step, `TreeBatch.build` packs the descriptors on the host (numpy, vectorised over trees) before the forward pass
+and uploads them in one copy that does not wait for the stream; every layer then launches with Python ints and
+device pointers only (no host sync). `warm_up` compiles every variant a step can launch (the tile heights
+`choose_tiling` picks from, split or not, and the merge), so that none compiles while requests wait.
 
 Imports no vLLM: the same module runs on a GPU machine with torch and Triton alone, and on CPU under Triton's
 interpreter (TRITON_INTERPRET=1 set before this module is imported; bfloat16 dots are computed in float32 there, as
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 import torch
@@ -36,6 +39,7 @@ import triton
 import triton.language as tl
 
 from vllm_lookahead.backends.base import TreeRows
+from vllm_lookahead.backends.staging import host_empty, upload
 
 WORD_BITS = 32  # ancestor bits per int32 word = tree keys per tree tile
 TILE_FIELDS = 8  # int32 per tile descriptor, see TreeBatch
@@ -308,6 +312,7 @@ def _combine_splits_kernel(
     )
 
 
+@cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 1
@@ -365,7 +370,7 @@ class TreeBatch:
     `bits`), row0 (first (node, head-in-group) row of the tile, node-major), tree_end (the tile's nodes attend no
     node at or past it), unused. bits: int32 [total_nodes, num_words], node u of a tree at row bits_base + u, bit j
     of word w set iff mask[u, 32 w + j]. Both are views of one device buffer (one host-to-device copy), uploaded
-    without waiting for the stream (pinned).
+    without waiting for the stream (page-locked).
     """
 
     tiles: torch.Tensor
@@ -449,13 +454,13 @@ class TreeBatch:
         if num_tiles and tiles[:, 3].min() < 0:
             raise ValueError("a tree's seq_len is below its num_nodes")
 
-        # One buffer, one copy: pinned so that the upload does not wait for the stream.
+        # One buffer, one copy (`staging`: page-locked, so that the upload does not wait for the stream).
         size = tiles.size + bits.size
-        host = torch.empty(size, dtype=torch.int32, pin_memory=device.type == "cuda")
+        host = host_empty(size, torch.int32, device)
         flat = host.numpy()
         flat[: tiles.size] = tiles.reshape(-1)
         flat[tiles.size :] = bits.reshape(-1)
-        buf = host.to(device, non_blocking=True)
+        buf = upload(host, device)
         return TreeBatch(
             tiles=buf[: tiles.size].view(num_tiles, TILE_FIELDS),
             bits=buf[tiles.size :].view(-1, num_words),
@@ -558,6 +563,33 @@ def tree_attention(
             **({} if interpreted else {"num_warps": 4}),
         )
     return output
+
+
+def variants() -> list[tuple[int, bool]]:
+    """Every (BLOCK_M, split) a step's launch may compile: the tile heights `choose_tiling` picks from, with the
+    prefix split (and then the merge kernel at that height) or not. Everything else the kernels specialise on is
+    fixed by the model (head size and count, dtype, block size, the cache's strides) or not specialised
+    (`do_not_specialize`)."""
+    return [(bm, split) for bm in AUTO_BLOCK_M for split in (False, True)]
+
+
+def warm_up(key_cache: torch.Tensor, value_cache: torch.Tensor, num_heads: int, scale: float) -> list[tuple[int, bool]]:
+    """Launch every variant (`variants`) once on a one-node tree without a prefix, over one layer's cache halves (as
+    `tree_attention` takes them): Triton compiles a variant at its first launch, seconds each, which would
+    otherwise fall on the first requests. Reads block 0 of the cache and writes only a scratch output. Returns the
+    variants launched."""
+    device = key_cache.device
+    _, _, num_kv_heads, head_size = key_cache.shape
+    query = torch.zeros(1, num_heads, head_size, dtype=key_cache.dtype, device=device)
+    block_table = torch.zeros(1, 1, dtype=torch.int32, device=device)
+    rows = [TreeRows(0, 0, 1, 1, torch.zeros(1, dtype=torch.int32), torch.ones(1, 1, dtype=torch.bool))]
+    launched = []
+    for block_m, split in variants():
+        batch = TreeBatch.build(rows, device, num_heads=num_heads, num_kv_heads=num_kv_heads, block_m=block_m,
+                                num_splits=2 if split else 1)  # fmt: skip
+        tree_attention(query, key_cache, value_cache, block_table, batch, scale, torch.empty_like(query))
+        launched.append((block_m, split))
+    return launched
 
 
 def unsupported(head_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> str | None:

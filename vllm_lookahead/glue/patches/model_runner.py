@@ -4,7 +4,8 @@ Each replacement is a pass-through when the runner has no LookaheadEngine, and o
 (engine.py says what each does):
 - `__init__`: a lookahead config builds the runner as for a `custom_class` drafter (our LookaheadDrafter, so vLLM
   keeps its list-based draft flow and rejection sampler), then attaches a LookaheadEngine;
-- `initialize_kv_cache` -> `confirm_backend` (the attention layers and their caches exist from then on);
+- `initialize_kv_cache` -> `confirm_backend` (the attention layers and their caches exist from then on, and vLLM has
+  resolved its CUDA graph mode);
 - `_update_states` -> `drop_requests`; `_prepare_inputs` -> `begin_step`; `_model_forward` -> `forward_scope`;
   `_sample` -> `sample`; `propose_draft_token_ids` -> `propose`;
 - `_input_fits_in_drafter`: always, for lookahead (vLLM would otherwise pad the whole batch with zero drafts
@@ -21,7 +22,7 @@ from vllm_lookahead.glue.engine import LookaheadEngine, worker_stats
 from vllm_lookahead.glue.patches.base import Patch
 from vllm_lookahead.glue.patches.cpu_sampling import sampling_scope
 from vllm_lookahead.glue.patches.speculative_config import METHOD, lookahead_params
-from vllm_lookahead.glue.platform import attention_outside_graphs, choose_backend
+from vllm_lookahead.glue.platform import choose_backend
 from vllm_lookahead.glue.settings import Settings
 
 DRAFTER_CLASS = "vllm_lookahead.glue.drafter.LookaheadDrafter"
@@ -45,8 +46,6 @@ def _init(original):
             return original(self, vllm_config, *args, **kwargs)
         settings = Settings.from_env()
         backend = choose_backend(vllm_config, settings)
-        if backend[0].trees:
-            attention_outside_graphs(vllm_config)
         # The runner knows no "lookahead" method: let it build a custom-class drafter, then say lookahead again.
         sc.method, sc.model = "custom_class", DRAFTER_CLASS
         try:

@@ -44,11 +44,10 @@ def _post_init(original):
                     f"(method is {self.method!r})"
                 )
             return original(self)
-        from vllm.platforms import current_platform
         from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
 
-        if current_platform.is_cpu():  # every platform runs lookahead (trees or chains: glue/platform.py)
-            _check_parallelism(self.target_parallel_config)
+        _check_parallelism(self.target_parallel_config)
+        _check_model(self.target_model_config)
         params = lookahead_params(self)  # ValueError naming the field and its range
         needed = params.max_tree_nodes - 1  # every node but the root x0 is a draft token
         shape = (
@@ -79,20 +78,39 @@ def _post_init(original):
 
 
 def _check_parallelism(pc: Any) -> None:
-    """Tensor parallelism runs (every rank builds the same trees from the same state); the combinations vLLM 0.32's
-    CPU platform cannot run for any speculative method are refused here, before anything starts."""
+    """Tensor parallelism runs (every rank builds the same trees from the same state). Pipeline parallelism is
+    refused on every platform: only the last stage samples, so the earlier stages never propose a tree and would
+    run the drafts at linear positions while the last stage runs them as trees (and vLLM 0.32 on CPU runs no
+    speculative method under it). Ray is refused where vLLM's platform has none (CPU)."""
+    from vllm.platforms import current_platform
+
     if pc is None:
         return
     if pc.pipeline_parallel_size > 1:
         raise ValueError(
-            f"lookahead: pipeline_parallel_size must be 1 (got {pc.pipeline_parallel_size}): vLLM 0.32 on CPU runs "
-            "no speculative method under pipeline parallelism (its own ngram method fails at start-up the same "
-            "way); use tensor_parallel_size"
+            f"lookahead: pipeline_parallel_size must be 1 (got {pc.pipeline_parallel_size}): only the last pipeline "
+            "stage samples and verifies, and the others would compute the trees' rows at other positions; use "
+            "tensor_parallel_size"
         )
-    if pc.use_ray:
+    if pc.use_ray and current_platform.is_cpu():
         raise ValueError(
             "lookahead: distributed_executor_backend 'ray' cannot run here: vLLM 0.32's CPU platform does not "
             "support Ray (for any method); use 'mp', the default"
+        )
+
+
+def _check_model(mc: Any) -> None:
+    """Models with recurrent layers (Mamba, linear attention, gated delta nets: vLLM's hybrid and attention-free
+    models) are refused: those layers would read a step's tree rows as one sequence, and nothing here restores their
+    state to the accepted path. (`platform.check_model_layers` refuses them again on the loaded layers.)"""
+    if mc is None:
+        return
+    if mc.is_hybrid or mc.is_attention_free:
+        kind = "hybrid" if mc.is_hybrid else "attention-free"
+        raise ValueError(
+            f"lookahead: {', '.join(mc.architectures or ['the model'])} is a {kind} model (recurrent layers such as "
+            "Mamba, linear attention or gated delta nets): lookahead drafts only for models whose every layer is "
+            "attention"
         )
 
 
@@ -135,12 +153,32 @@ def _v2_unsupported(original):
     # The V2 model runner (picked where Triton works) has none of the runner patches: stay on V1.
     def _get_v2_model_runner_unsupported_features(self) -> list[str]:
         unsupported = original(self)
-        sc = self.speculative_config
-        if sc is not None and sc.method == METHOD:
+        if _lookahead(self):
             unsupported.append("lookahead speculative decoding")
         return unsupported
 
     return _get_v2_model_runner_unsupported_features
+
+
+def _v2_required(original):
+    # vLLM takes the V2 runner without asking which features it lacks where VLLM_USE_V2_MODEL_RUNNER=1, or where
+    # watermarking or HiSparse need it: none of lookahead's runner hooks would run there, so refuse at start-up.
+    def use_v2_model_runner(self) -> bool:
+        v2 = original.fget(self)
+        if v2 and _lookahead(self):
+            raise ValueError(
+                "lookahead: runs on vLLM's V1 model runner only, and this engine would take Model Runner V2 "
+                "(VLLM_USE_V2_MODEL_RUNNER=1, or watermarking / HiSparse, which need it); unset "
+                "VLLM_USE_V2_MODEL_RUNNER or leave those features off"
+            )
+        return v2
+
+    return property(use_v2_model_runner)
+
+
+def _lookahead(vllm_config: Any) -> bool:
+    sc = vllm_config.speculative_config
+    return sc is not None and sc.method == METHOD
 
 
 PATCHES = [
@@ -151,4 +189,5 @@ PATCHES = [
         "_get_v2_model_runner_unsupported_features",
         _v2_unsupported,
     ),
+    Patch("vllm_config.use_v2_model_runner", _v2_owner, "use_v2_model_runner", _v2_required),
 ]
