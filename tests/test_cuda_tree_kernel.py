@@ -519,6 +519,68 @@ def test_relocation_moves_every_layers_cells_in_two_launches():
             assert torch.equal(c.reshape(40, 2, 48), want), dtype
 
 
+def _tilings_chosen() -> set[tuple[int, bool]]:
+    """Every (BLOCK_M, split) `choose_tiling` picks over steps from one short tree to many long ones, few and many
+    SMs, GQA groups of 1 to 8."""
+    chosen = set()
+    for nodes in ([1], [8], [32] * 4, [128] * 64):
+        for prefix in (0, 700, 4096, 16384):
+            for qpk in (1, 4, 8):
+                for kv_heads in (1, 8):
+                    for sms in (1, 132):
+                        bm, splits = tk.choose_tiling(nodes, [prefix] * len(nodes), qpk, kv_heads, sms)
+                        chosen.add((bm, splits > 1))
+    return chosen
+
+
+@interpreted
+def test_warm_up_launches_every_variant_a_step_can_choose(monkeypatch: pytest.MonkeyPatch):
+    """`CudaTreeBackend.warm_up` (through the engine's warm-up) launches the tree kernel at every tile height and
+    split the tiling chooses, the merge at every split height, and both KV-move kernels, on the model's own caches,
+    which it leaves as they were."""
+    from types import SimpleNamespace
+
+    from vllm_lookahead.backends.cuda import relocation
+    from vllm_lookahead.backends.cuda.backend import CudaTreeBackend
+    from vllm_lookahead.core.params import LookaheadParams
+    from vllm_lookahead.glue.engine import LookaheadEngine
+
+    launched: list[tuple[str, tuple]] = []
+
+    def recorded(name: str, kernel, keys: tuple[str, ...]):
+        class Launcher:
+            def __getitem__(self, grid):
+                def launch(*args, **kwargs):
+                    launched.append((name, tuple(kwargs[k] for k in keys)))
+                    return kernel[grid](*args, **kwargs)
+
+                return launch
+
+        return Launcher()
+
+    monkeypatch.setattr(tk, "_tree_attention_kernel", recorded("tree", tk._tree_attention_kernel, ("BLOCK_M", "SPLIT")))
+    monkeypatch.setattr(tk, "_combine_splits_kernel", recorded("merge", tk._combine_splits_kernel, ("BLOCK_M",)))
+    monkeypatch.setattr(relocation, "_copy_cells", recorded("moves", relocation._copy_cells, ("SIDE",)))
+    impl_cls = type("TritonAttentionImpl", (), {})
+    layers = []
+    for i in range(3):
+        impl = impl_cls()
+        impl.num_heads, impl.num_kv_heads, impl.head_size, impl.scale = 4, 2, 32, 32**-0.5
+        kv = torch.randn(4, 16, 2, 64, generator=torch.Generator().manual_seed(i)).to(torch.bfloat16).transpose(1, 2)
+        layers.append(SimpleNamespace(impl=impl, kv_cache=kv, layer_name=f"model.layers.{i}.attn"))
+    before = [layer.kv_cache.clone() for layer in layers]
+    backend = CudaTreeBackend()
+    assert backend.check_layers(layers) is None
+    engine = LookaheadEngine(LookaheadParams(node_cost=0.0), 1024, backend=(backend, "trees"))
+    engine.layers = layers
+    engine.warm_up(runner=None)  # fixed costs: the backend's warm-up alone
+    tree = {key for name, key in launched if name == "tree"}
+    assert tree == set(tk.variants()) and _tilings_chosen() <= tree, (tree, _tilings_chosen())
+    assert {key for name, key in launched if name == "merge"} == {(bm,) for bm, split in tk.variants() if split}
+    assert sorted(key for name, key in launched if name == "moves") == [(0,), (1,)]
+    assert all(torch.equal(layer.kv_cache, old) for layer, old in zip(layers, before, strict=True))
+
+
 # --- the parent's delegate ----------------------------------------------------------------------------------------
 
 _INTERPRETED_TESTS = [n for n, f in list(globals().items()) if n.startswith("test_") and getattr(f, "_interpreted", 0)]
