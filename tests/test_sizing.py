@@ -88,6 +88,14 @@ def test_the_seed_prices_every_size_before_any_step():
     assert _ms(cost, 16, 32) == pytest.approx(244.1)
 
 
+def test_a_seed_size_timed_while_the_machine_was_busy_is_priced_as_the_larger_sizes_say():
+    """Noise only adds time, and more tokens never cost less: a start-up timing above a larger size's is that size's
+    at most (32 tokens timed at 3x, between 16 at 1.4x and 64 at 1.6x)."""
+    cost = _seeded({1: 30.0, 2: 31.0, 4: 30.0, 8: 31.0, 16: 42.0, 32: 97.0, 64: 46.0})
+    assert _ms(cost, 1, 32) == pytest.approx(46.0) and _ms(cost, 1, 16) == pytest.approx(42.0)
+    assert _ms(cost, 1, 4) == pytest.approx(30.0, rel=1e-3) and _ms(cost, 1, 1) == pytest.approx(30.0)
+
+
 def test_a_measured_size_is_priced_as_measured_and_an_unmeasured_one_never_below_the_seed():
     """Steps cost what the seed says plus the engine's own work (7 ms): the measured sizes at their medians, those
     between them interpolated, those past them the seed plus the nearest measured excess. Where steps came out

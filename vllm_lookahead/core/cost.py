@@ -186,7 +186,10 @@ class StepCost:
         if not pairs:
             return
         self.seed_points = (tuple(t for t, _ in pairs), tuple(s for _, s in pairs))
-        self._set_seed([t for t, _ in pairs], [s for _, s in pairs], "seed")
+        # A busy machine only adds time, and a pass of more tokens never costs less: no size costs more than any
+        # larger size was timed at.
+        seconds = np.minimum.accumulate(np.array([s for _, s in pairs])[::-1])[::-1]
+        self._set_seed([t for t, _ in pairs], seconds, "seed")
 
     def _set_seed(self, tokens: Sequence[float], seconds: Sequence[float], kind: str) -> None:
         t, first = np.unique(np.asarray(tokens, dtype=float), return_index=True)

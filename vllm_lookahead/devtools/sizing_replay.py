@@ -210,10 +210,10 @@ class _Run:
             return
         from vllm_lookahead.core.cost import StepCost
         from vllm_lookahead.core.step_timer import COLD_STEPS
-        from vllm_lookahead.glue.seed_timing import seed_sizes, within_budget
+        from vllm_lookahead.glue.seed_timing import BUDGET_SECONDS, seed_sizes, within_budget
 
         largest = self.concurrency + self.params.step_token_budget
-        sizes = within_budget(seed_sizes(largest), lambda t: self.curve.forward(1, t))
+        sizes = within_budget(seed_sizes(largest), lambda t: self.curve.forward(1, t), BUDGET_SECONDS)
         self.drafting.cost = cost = StepCost()
         cost.seed(sizes, [self.curve.forward(1, t) * _jitter(self.rng) for t in sizes])
         self.cold = COLD_STEPS

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("vllm_lookahead")
 
-TIMED_RUNS = 2  # timed forwards per size after one untimed (first-use costs); the fastest counts
+TIMED_RUNS = 3  # timed rounds over all sizes after one untimed (first-use costs); each size's fastest counts
 BUDGET_SECONDS = 3.0  # sizes past this much timing are left to extrapolation (a large model on a slow machine)
 
 
@@ -27,14 +27,14 @@ def seed_sizes(largest: int) -> list[int]:
     return [*sizes, max(int(largest), 1)]
 
 
-def within_budget(sizes: list[int], seconds_of: Callable[[int], float]) -> list[int]:
-    """The leading sizes that timing covers: each size's untimed and timed passes (`seconds_of`: one pass) until the
-    time spent passes BUDGET_SECONDS (the size that passes it still counts)."""
+def within_budget(sizes: list[int], seconds_of: Callable[[int], float], budget: float | None) -> list[int]:
+    """The leading sizes that `budget` seconds of timing cover (None: all): each size's untimed and timed passes
+    (`seconds_of`: one pass), up to the size whose passes cross the budget."""
     spent, out = 0.0, []
     for t in sizes:
         out.append(t)
         spent += (1 + TIMED_RUNS) * seconds_of(t)
-        if spent > BUDGET_SECONDS:
+        if budget is not None and spent > budget:
             break
     return out
 
@@ -44,30 +44,28 @@ def time_forwards(
 ) -> tuple[list[int], list[float]]:
     """Seconds of one forward pass computing t tokens with t rows of logits, for the leading sizes of `sizes` that
     `budget` seconds of timing cover (None: all of them), in the engine's dtype, cache layout and graph mode: vLLM's
-    own dummy run (which writes no KV) as a decode batch of up to 1 + num_speculative_tokens tokens a request. Under
-    tensor parallelism every rank must run the same passes (their collectives must match): give no budget there."""
+    own dummy run (which writes no KV) as a decode batch of up to 1 + num_speculative_tokens tokens a request. One
+    untimed round over the sizes (first-use costs; it also says how long each size takes), then TIMED_RUNS rounds, each
+    size's fastest kept: a moment the machine is busy slows one round of a size, not all. Under tensor parallelism
+    every rank must run the same passes (their collectives must match): give no budget there."""
     import torch
 
-    timed: list[int] = []
-    seconds: list[float] = []
-    spent = 0.0
     with torch.inference_mode():
-        for t in sizes:
-            best = float("inf")
-            for run in range(1 + TIMED_RUNS):
-                begin = time.perf_counter()
-                hidden, _ = runner._dummy_run(t, uniform_decode=True)
-                runner.model.compute_logits(hidden[:t])
-                runner._sync_device()
-                took = time.perf_counter() - begin
-                spent += took
-                if run:
-                    best = min(best, took)
-            timed.append(t)
-            seconds.append(best)
-            if budget is not None and spent > budget:
-                break
-    return timed, seconds
+        kept = within_budget(sizes, lambda t: _forward(runner, t), budget)
+        best = [float("inf")] * len(kept)
+        for _ in range(TIMED_RUNS):
+            for i, t in enumerate(kept):
+                best[i] = min(best[i], _forward(runner, t))
+    return kept, best
+
+
+def _forward(runner: GPUModelRunner, tokens: int) -> float:
+    """Seconds of one dummy forward pass of `tokens` tokens with their logits."""
+    begin = time.perf_counter()
+    hidden, _ = runner._dummy_run(tokens, uniform_decode=True)
+    runner.model.compute_logits(hidden[:tokens])
+    runner._sync_device()
+    return time.perf_counter() - begin
 
 
 def describe(tokens: list[int], seconds: list[float], elapsed: float) -> str:
