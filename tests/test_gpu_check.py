@@ -294,3 +294,27 @@ def test_cpu_smoke_run(tmp_path):
     assert la["identical"] == 2  # greedy float32: plain decoding's outputs
     assert la["lookahead_backend"] == "cpu" and la["tokens_per_forward"] >= 1.0 and la["vs_none"] > 0
     assert (tmp_path / "gpu_check_smollm2-135m-instruct_float32.png").exists()
+
+
+# ------------------------------------------------------------------------------------------ the CUDA path's checks
+
+
+def test_the_cuda_paths_checks_run_first_and_alone_without_vllm(tmp_path, monkeypatch, capsys):
+    """On a GPU the checks (diagnostics/gpu_glue.py) run before any engine; without vLLM the script stops after them;
+    --diagnostics-only needs no model; --skip-diagnostics leaves them out; without CUDA they run their logic alone."""
+    import importlib.util
+
+    ran = []
+    monkeypatch.setattr(gc, "cuda_available", lambda: True)
+    monkeypatch.setattr(gc, "run_diagnostics", lambda args, on_cuda: ran.append(on_cuda) or 0)
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(gc.importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name))
+    assert gc.main(["--model", "org/model", "--out", str(tmp_path)]) == 0 and ran == [True]
+    assert "vLLM is not installed" in capsys.readouterr().err
+    assert gc.main(["--diagnostics-only", "--out", str(tmp_path)]) == 0 and ran == [True, True]
+    assert gc.main(["--model", "org/model", "--skip-diagnostics", "--out", str(tmp_path)]) == 2 and len(ran) == 2
+    args = gc.parse_args(["--diagnostics-only", "--out", str(tmp_path)])
+    cmd = gc.diagnostics_command(args, on_cuda=True)
+    assert cmd[1].endswith("benchmarks/diagnostics/gpu_glue.py") and Path(cmd[1]).exists()
+    assert cmd[2:] == ["--out", str(tmp_path / "diagnostics")]
+    assert gc.diagnostics_command(args, on_cuda=False)[-4:] == ["--device", "cpu", "--quick", "--skip-kernel"]
