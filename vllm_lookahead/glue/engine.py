@@ -137,8 +137,9 @@ class LookaheadEngine:
         attention layers; which path lookahead takes and why, and on CUDA which graphs each kind of step runs under,
         go to the log once."""
         self.layers = attention_layers(runner)  # the same list every step after (backends key what they checked on it)
+        why = check_model_layers(runner, self.layers)  # raises where chains would not be exact either
         if self.backend.trees:
-            why = check_model_layers(runner, self.layers) or self.backend.check_layers(self.layers)
+            why = why or self.backend.check_layers(self.layers)
             if why is not None:
                 self.backend, self.backend_reason = ChainBackend(self.backend.logit_rows), f"{CHAINS}: {why}"
                 self.drafting.backend = self.backend
