@@ -47,14 +47,17 @@ def tree_step_mode(mode: Any) -> Any:
     return CUDAGraphMode.PIECEWISE if mode.has_piecewise_cudagraphs() else CUDAGraphMode.NONE
 
 
-def describe(mode: Any, trees: bool) -> str:
-    """The one log line: what graph mode each kind of step gets (mode: the engine's resolved `CUDAGraphMode`)."""
+def describe(mode: Any, trees: bool, largest: int | None) -> str:
+    """The one log line: what graph mode each kind of step gets (mode: the engine's resolved `CUDAGraphMode`;
+    largest: the most tokens a captured graph holds)."""
     if mode.name == "NONE":
         return "CUDA graphs are off (cudagraph_mode NONE): every step runs eagerly"
+    past = f"; a step of more than {largest} tokens runs without graphs, as in vLLM" if largest else ""
     if not trees:
-        return f"every step runs under vLLM's {mode.name} CUDA graphs, as vLLM dispatches it (chains need no other)"
+        return f"every step runs under vLLM's {mode.name} CUDA graphs, as vLLM dispatches it{past}"
     tree = tree_step_mode(mode).name
     return (
         f"steps without tree rows run under vLLM's {mode.name} CUDA graphs, as vLLM dispatches them; steps with tree "
         f"rows run {tree} (no full graph: the tree kernel rewrites attention's output, which a full graph captures)"
+        f"{past}"
     )

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vllm_lookahead.backends.staging import to_device
 from vllm_lookahead.glue.step import StepResult
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _logprobs(runner: GPUModelRunner, result: StepResult, paths: dict[int, list[
     for i, path in paths.items():
         offsets[i, : len(path)] = torch.tensor(path)
     rows = (start.unsqueeze(1) + offsets).flatten().clamp_(max=logits.shape[0] - 1)
-    chosen = logits[rows.to(logits.device)].to(torch.float32)
+    chosen = logits[to_device(rows.numpy(), torch.int64, logits.device)].to(torch.float32)  # one upload
     values = chosen if sampler.logprobs_mode == "raw_logits" else sampler.compute_logprobs(chosen)
     tokens = sampled.flatten().clamp(min=0).long()  # -1 (rejected places) -> 0, dropped by vLLM
     k = runner.input_batch.sampling_metadata.max_num_logprobs

@@ -94,4 +94,4 @@ def graph_modes(runner: GPUModelRunner, trees: bool) -> str | None:
         return None
     dispatcher = getattr(runner, "cudagraph_dispatcher", None)
     mode = dispatcher.cudagraph_mode if dispatcher is not None else runner.compilation_config.cudagraph_mode
-    return describe(mode, trees)
+    return describe(mode, trees, runner.compilation_config.max_cudagraph_capture_size)
