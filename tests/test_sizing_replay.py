@@ -21,7 +21,7 @@ CURVES = load_curves(FIXTURES / "step_costs.json")
 FIXED = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)  # draft nodes a request carries each step (0: plain decoding)
 REQUESTS = {1: 8, 16: 24}  # requests replayed at each concurrency
 FIRST = 20
-ROTATIONS = 6
+ROTATIONS = 8
 BAR = 0.98
 
 

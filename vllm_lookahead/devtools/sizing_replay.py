@@ -28,8 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENGINE_SHARE = 0.1  # the engine's own work a step (scheduling, sampling, the plugin), as a share of a one-token forward
 NOISE = 0.03  # the spread of what a timed step costs around the curve (log-normal sigma)
+# The plugin's own host work (drafting, verification, the state updates) in a step where requests build trees, as
+# timed on the 2-core AMX host at 1 and 4 requests: a step's share and each building request's. Plain decoding pays
+# none. `replay(plugin=True)` charges it to lookahead's steps (the same seconds on every machine: the host's Python).
+PLUGIN_STEP = 0.0005
+PLUGIN_REQUEST = 0.0004
 SIZED = "sized"
 
 
@@ -45,6 +49,7 @@ class Curve:
     per_request: float = 0.0
     machine: str = ""
     dtype: str = ""
+    engine_ms: float = 0.0  # the engine's own work a step beyond the rows' forward (0 where the rows hold it)
 
     @property
     def one(self) -> float:
@@ -79,8 +84,8 @@ class Curve:
         return ms / 1e3
 
     def step(self, requests: int, tokens: float) -> float:
-        """Seconds of an engine step: the forward pass and the engine's own work (ENGINE_SHARE)."""
-        return self.forward(requests, tokens) + ENGINE_SHARE * self.one / 1e3
+        """Seconds of an engine step: the forward pass and the engine's own work (`engine_ms`)."""
+        return self.forward(requests, tokens) + self.engine_ms / 1e3
 
 
 def load_curves(path: Path) -> list[Curve]:
@@ -92,6 +97,7 @@ def load_curves(path: Path) -> list[Curve]:
             float(c.get("per_request", 0.0)),
             c.get("machine", ""),
             c.get("dtype", ""),
+            float(c.get("engine_ms", 0.0)),
         )
         for c in data["curves"]
     ]
@@ -112,20 +118,22 @@ class Trace:
     computed: list[int] = field(default_factory=list)
     branched: list[bool] = field(default_factory=list)
     emitted: list[int] = field(default_factory=list)
+    plugin: list[float] = field(default_factory=list)  # the plugin's own seconds in the step (lookahead's policies)
     limit: int | None = None  # the most steps it holds
 
     @property
     def full(self) -> bool:
         return self.limit is not None and len(self.emitted) >= self.limit
 
-    def add(self, requests: int, computed: int, branched: bool, emitted: int) -> None:
+    def add(self, requests: int, computed: int, branched: bool, emitted: int, plugin: float = 0.0) -> None:
         self.requests.append(requests)
         self.computed.append(computed)
         self.branched.append(branched)
         self.emitted.append(emitted)
+        self.plugin.append(plugin)
 
     def seconds(self, curve: Curve) -> list[float]:
-        return [curve.step(r, t) for r, t in zip(self.requests, self.computed, strict=True)]
+        return [curve.step(r, t) + p for r, t, p in zip(self.requests, self.computed, self.plugin, strict=True)]
 
     def rate(self, curve: Curve, steps: int | None = None) -> float:
         """Tokens per second over the first `steps` steps (all by default)."""
@@ -154,11 +162,14 @@ def replay(
     warm_up: Sequence[tuple[Sequence[int], Sequence[int], Sequence[Sequence[int]]]] = (),
     seed: int = 0,
     steps: int | None = None,
+    plugin: bool = False,
 ) -> Trace:
     """`policy` (module docstring) replayed on `requests` (prompt, output, tops), `concurrency` at a time, after the
     `warm_up` requests one at a time (their steps not in the trace; they teach the statistics, as a benchmark's
     warm-up does). The sized policy needs the `curve` it is charged by, and meets the counted requests with a fresh
-    step cost (the start-up seed alone); `seed` draws its noise. `steps`: stop after so many counted steps."""
+    step cost (the start-up seed alone); `seed` draws its noise. `steps`: stop after so many counted steps. `plugin`:
+    lookahead's steps also cost the plugin's own host work (PLUGIN_STEP, PLUGIN_REQUEST), which its sizing then
+    sees in every step it times."""
     if policy == 0:
         return _plain(requests, concurrency, steps)
     from vllm_lookahead.core.acceptance import AcceptanceStats
@@ -166,6 +177,7 @@ def replay(
     from vllm_lookahead.core.suffix import SuffixCandidates
     from vllm_lookahead.glue.drafting import Drafting
     from vllm_lookahead.glue.recycling import RecyclingGate
+    from vllm_lookahead.glue.resting import Rests
 
     if policy == SIZED and curve is None:
         raise ValueError("the sized policy needs the curve its steps are charged by")
@@ -180,8 +192,10 @@ def replay(
         else None,
         TokenRecycler() if params.recycle_candidates else None,
         concurrency,
+        plugin,
     )
     run.drafting = Drafting(params, 1 << 30, 1, _Trees(), RecyclingGate(run.recycle))
+    run.rests = Rests()
     run.serve([_Slot(-1 - i, *r) for i, r in enumerate(warm_up)], 1, None)
     run.fresh_cost()
     trace = Trace(limit=steps)
@@ -201,7 +215,9 @@ class _Run:
     suffix: Any
     recycle: Any
     concurrency: int = 1
+    plugin: bool = False  # lookahead's steps pay the plugin's own host work
     drafting: Any = None
+    rests: Any = None
     cold: int = 0  # timed steps still to leave out of the step cost
 
     def fresh_cost(self) -> None:
@@ -220,7 +236,10 @@ class _Run:
 
     def serve(self, queue: list[_Slot], concurrency: int, trace: Trace | None) -> None:
         """The requests of `queue`, `concurrency` in flight (a request joins in the step after one leaves, its
-        prompt's token made), decoded until all are done or `trace` is full; the steps into `trace`."""
+        prompt's token made), decoded until all are done or `trace` is full; the steps into `trace`. As in the engine,
+        a request builds no tree at its first decoding step (its state is made then), and, where the plugin's own work
+        is charged, under the sized policy a request whose trees carried nothing rests (`glue/resting.py`); its state
+        learns the tokens it missed when it next builds one."""
         from vllm_lookahead.core.state import LookaheadState
 
         params, policy, curve = self.params, self.policy, self.curve
@@ -234,16 +253,24 @@ class _Run:
                     params, s.prompt, stats=self.stats, suffix=self.suffix, req_id=s.rid, recycle=self.recycle
                 )
                 active.append(s)
-            ready = [(s.state, s.made[-1]) for s in active]
-            caps = [len(s.output) - len(s.made) for s in active]  # the room up to the request's last token, + 1
-            if policy == SIZED:
+            # resting saves the plugin's own work: it is replayed where that work is charged
+            resting = policy == SIZED and self.plugin
+            building = [s for s in active if len(s.made) > 1 and not (resting and self.rests.resting(s.rid))]
+            for s in building:
+                s.state.catch_up(len(s.prompt) + len(s.made), s.fetch)
+            ready = [(s.state, s.made[-1]) for s in building]
+            caps = [len(s.output) - len(s.made) for s in building]  # the room up to the request's last token, + 1
+            trees, sizes = [], []
+            if building and policy == SIZED:
                 trees, sizes = self.drafting.plan(ready, caps, len(active), params.step_token_budget - len(ready))
-            else:
+                for s, size in zip(building, sizes, strict=True):
+                    self.rests.built(s.rid, carried=size > 1)
+            elif building:
                 trees = [st.build_tree(x0) for st, x0 in ready]
                 sizes = [min(int(policy) + 1, t.num_nodes, c) for t, c in zip(trees, caps, strict=True)]
             emitted = drafts = 0
             branched = False
-            for s, tree, size in zip(active, trees, sizes, strict=True):
+            for s, tree, size in zip(building, trees, sizes, strict=True):
                 tree = tree.truncate(size)
                 argmax, accepted, new = verify_known(tree, s.output[len(s.made) :])
                 top = s.tops[len(s.made) : len(s.made) + len(new)] if s.tops else None
@@ -254,13 +281,18 @@ class _Run:
                 emitted += len(new)
                 drafts += size - 1
                 branched = branched or not tree.is_chain
+            for s in active:
+                if s not in building:
+                    s.made.append(s.output[len(s.made)])
+                    emitted += 1
+            plugin = (PLUGIN_STEP + PLUGIN_REQUEST * len(building)) if building and self.plugin else 0.0
             if trace is not None:
-                trace.add(len(active), len(active) + drafts, branched, emitted)
+                trace.add(len(active), len(active) + drafts, branched, emitted, plugin)
             if policy == SIZED:
                 if self.cold > 0:
                     self.cold -= 1
                 else:
-                    seconds = curve.step(len(active), len(active) + drafts) * _jitter(self.rng)
+                    seconds = (curve.step(len(active), len(active) + drafts) + plugin) * _jitter(self.rng)
                     self.drafting.cost.observe(len(active), drafts, branched, seconds)
             for s in [s for s in active if len(s.made) == len(s.output)]:
                 s.state.close()
@@ -304,3 +336,7 @@ class _Slot:
     def __post_init__(self) -> None:
         self.prompt, self.output = list(self.prompt), list(self.output)
         self.made = [self.output[0]]  # the prefill's token
+
+    def fetch(self, a: int, b: int) -> list[int]:
+        """The sequence's tokens a..b-1 (prompt, then what was made)."""
+        return [*self.prompt, *self.made][a:b]
