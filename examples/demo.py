@@ -53,9 +53,16 @@ def tokens_per_forward(llm) -> float | None:
 @contextlib.contextmanager
 def quiet_stderr(drop=QUIET_LINES):
     """Within: every line written to this process's stderr file, and so its children's, passes unless it matches
-    `drop`. The multiprocessing resource tracker starts before, so that what it says at exit goes out unfiltered."""
+    `drop`. The multiprocessing resource tracker starts before, so that what it says at exit goes out (but for its
+    cleanup notes)."""
     from multiprocessing import resource_tracker
 
+    # vLLM's engine and worker processes register shared memory and semaphores with this tracker; when a worker is
+    # stopped before it unlinks them (vLLM's shutdown does not wait for every one), the tracker cleans them up at exit
+    # and says so: nothing a reader of the demo can act on, so that message alone is dropped (the tracker is a process
+    # of its own: it reads its warning filters from the environment).
+    quiet = "ignore:resource_tracker:UserWarning:multiprocessing.resource_tracker"
+    os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet) if w)
     resource_tracker.ensure_running()
     sys.stderr.flush()
     saved = os.dup(2)
