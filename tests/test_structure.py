@@ -276,3 +276,31 @@ def test_document_paths_are_found():
     ]  # fmt: skip
     assert _expand("a_{x,y}.png") == ["a_x.png", "a_y.png"]
     assert not _PATH.search("vllm/v1/worker/gpu/spec_decode/speculator.py and vllm_lookahead.core.params")
+
+
+# What a reader is promised to find short: the page's line limit, and the result files a document may cite.
+DOCUMENT_LINES = {"README.md": 300, "docs/results.md": 250, "CHANGELOG.md": 40}
+RESULT_FILES = 40
+
+
+def test_documents_stay_within_their_length():
+    lines = {doc: len((ROOT / doc).read_text().splitlines()) for doc in DOCUMENT_LINES}
+    long = {doc: n for doc, n in lines.items() if n > DOCUMENT_LINES[doc]}
+    assert not long, f"documents over their line limit {DOCUMENT_LINES}: {long}"
+
+
+def test_result_files_are_few():
+    results = sorted(f for f in _repo_files() if f.startswith("benchmarks/results/"))
+    assert len(results) <= RESULT_FILES, f"{len(results)} result files, at most {RESULT_FILES}"
+
+
+def test_core_reads_no_environment():
+    """The algorithm is configured by its parameters alone: no switch read from the environment under core/."""
+    readers = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in (PKG / "core").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv", "environb"})
+        or (isinstance(node, ast.Name) and node.id in {"environ", "getenv"})
+    ]
+    assert not readers, f"environment read in core/: {readers}"
