@@ -22,9 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import random
-import re
 import socket
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+
+from tests.interpreted import run_in_interpreter
 
 pytest.importorskip("triton")
 
@@ -452,11 +452,4 @@ if not ISOLATED:
 
     def test_isolated_in_a_child_under_triton_interpreter():
         """The `isolated` tests, in a child pytest whose Triton loads with TRITON_INTERPRET=1."""
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))]
-        cmd += ["-k", " or ".join(_ISOLATED_TESTS)]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        passed = re.search(r"(\d+) passed", proc.stdout)
-        assert passed and int(passed.group(1)) >= len(_ISOLATED_TESTS), proc.stdout[-2000:]
-        assert "skipped" not in proc.stdout, proc.stdout[-2000:]
+        run_in_interpreter(__file__, _ISOLATED_TESTS, timeout=600)

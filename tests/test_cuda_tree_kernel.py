@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.interpreted import run_in_interpreter
 
 pytest.importorskip("triton")
 
@@ -613,11 +613,4 @@ if not INTERPRETED:
 
     def test_kernel_under_triton_interpreter():
         """The @interpreted tests, in a child pytest whose triton loads with TRITON_INTERPRET=1."""
-        env = {**os.environ, "TRITON_INTERPRET": "1"}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))]
-        cmd += ["-k", " or ".join(_INTERPRETED_TESTS)]
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-        passed = re.search(r"(\d+) passed", proc.stdout)
-        assert passed and int(passed.group(1)) >= len(_INTERPRETED_TESTS), proc.stdout[-2000:]
-        assert "skipped" not in proc.stdout, proc.stdout[-2000:]
+        run_in_interpreter(__file__, _INTERPRETED_TESTS, timeout=300)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from vllm_lookahead.core.acceptance import CALIBRATION_RANGE, CALIBRATION_START, AcceptanceStats
 from vllm_lookahead.core.cost import MEMORY, StepCost
-from vllm_lookahead.core.sizing import MARGIN, choose_sizes, plan_step, score_floor
+from vllm_lookahead.core.sizing import MARGIN, Sizes, choose_sizes, plan_step, score_floor
 from vllm_lookahead.core.step_timer import StepTimer
 from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tree
 
@@ -19,6 +19,11 @@ from vllm_lookahead.core.tree import Candidate, Source, StepTree, build_step_tre
 def _tree(scores: list[float]) -> StepTree:
     """A chain whose nodes after the root have these (non-increasing) scores."""
     return build_step_tree(0, None, [Candidate(list(range(1, len(scores) + 1)), scores, Source.LOOKUP)])
+
+
+def _sizes(trees: list[StepTree], *args, **kwargs) -> Sizes:
+    """`choose_sizes` of these trees' scores."""
+    return choose_sizes([t.scores for t in trees], *args, **kwargs)
 
 
 @st.composite
@@ -212,9 +217,9 @@ def test_on_a_concave_curve_the_sizing_drafts_nothing_or_enough_to_pay():
     itself, but ten nodes of that worth together do. A stopping rule that ends at the first node that does not pay
     (right only for convex costs) would draft nothing."""
     cost = StepCost.fixed(list(CONCAVE), [ms / 1e3 for ms in CONCAVE.values()])
-    one = choose_sizes([_tree([0.3])], [100], 1, cost, budget=100)
+    one = _sizes([_tree([0.3])], [100], 1, cost, budget=100)
     assert one.sizes == [1]
-    many = choose_sizes([_tree([0.95] + [0.9] * 11)], [100], 1, cost, budget=100)
+    many = _sizes([_tree([0.95] + [0.9] * 11)], [100], 1, cost, budget=100)
     assert many.sizes == [13]
     assert many.rate > 1 / cost.seconds(1, 0)
 
@@ -231,7 +236,7 @@ def test_the_chosen_size_is_the_best_rate(prices, requests, scores):
     tree = _tree(sorted(scores, reverse=True))
     points = [2**i for i in range(len(prices))]
     cost = StepCost.fixed(points, np.cumsum([0.03, *prices[1:]]).tolist())
-    chosen = choose_sizes([tree], [100], requests, cost, budget=100)
+    chosen = _sizes([tree], [100], requests, cost, budget=100)
     rates = [(requests + sum(tree.scores[1:k])) / cost.seconds(requests, k - 1) for k in range(1, tree.num_nodes + 1)]
     best = max(rates)
     if best > rates[0] * (1 + MARGIN):
@@ -253,23 +258,23 @@ def test_no_node_at_or_below_the_floor_is_taken(prices, requests, cands):
     trees = [_tree(sorted(c, reverse=True)) for c in cands] * requests
     trees = trees[:requests]
     floor = score_floor(cost, requests)
-    sizes = choose_sizes(trees, [100] * requests, requests, cost, budget=1000).sizes
+    sizes = _sizes(trees, [100] * requests, requests, cost, budget=1000).sizes
     assert all(t.scores[k - 1] > floor for t, k in zip(trees, sizes, strict=True) if k > 1)
 
 
 def test_sizes_follow_cost_and_scores():
     tree = _tree([0.9, 0.8, 0.5, 0.3, 0.1, 0.05, 0.02])
     free, dear = StepCost(relative_node_cost=0.0), StepCost(relative_node_cost=0.1)
-    assert choose_sizes([tree], [100], 1, free, budget=100).sizes == [8]  # every node with a chance pays when free
-    few = choose_sizes([tree], [100], 1, dear, budget=100).sizes[0]
+    assert _sizes([tree], [100], 1, free, budget=100).sizes == [8]  # every node with a chance pays when free
+    few = _sizes([tree], [100], 1, dear, budget=100).sizes[0]
     assert 1 < few < 8
     # a token as dear as a whole step: 0.9 and 0.8 still pay ((1 + 0.9) / 3 > 1 / 2, 2.7 / 4 > 1.9 / 3), 0.5 not
-    assert choose_sizes([tree], [100], 1, StepCost(relative_node_cost=1.0), budget=100).sizes == [3]
+    assert _sizes([tree], [100], 1, StepCost(relative_node_cost=1.0), budget=100).sizes == [3]
     sure = _tree([0.99, 0.98, 0.97, 0.96, 0.95, 0.94, 0.93])
-    assert choose_sizes([sure], [100], 1, dear, budget=100).sizes[0] > few
+    assert _sizes([sure], [100], 1, dear, budget=100).sizes[0] > few
     # caps and the budget hold
-    assert choose_sizes([tree], [3], 1, free, budget=100).sizes == [3]
-    assert choose_sizes([tree, sure], [100, 100], 2, free, budget=5).sizes == [1, 6]
+    assert _sizes([tree], [3], 1, free, budget=100).sizes == [3]
+    assert _sizes([tree, sure], [100, 100], 2, free, budget=5).sizes == [1, 6]
 
 
 def test_dearer_tokens_shrink_trees_then_turn_drafting_off():
@@ -278,12 +283,12 @@ def test_dearer_tokens_shrink_trees_then_turn_drafting_off():
     sizes = []
     for slope in (0.001, 0.01, 0.05, 0.2):
         cost = _seeded({t: 0.02 * (1 + slope * t) for t in (1, 2, 4, 8, 16, 32, 64)})
-        sizes.append(choose_sizes([tree], [100], 1, cost, budget=100).sizes[0])
+        sizes.append(_sizes([tree], [100], 1, cost, budget=100).sizes[0])
     assert sizes == sorted(sizes, reverse=True) and sizes[0] == 6 and sizes[-1] < 6
     # 16 requests: a node must be worth more than (16 * 0.03 / (1 + 16 * 0.03)) (1 + MARGIN) = 0.33 to pay
     cost = StepCost(relative_node_cost=0.03)
-    assert choose_sizes([_tree([0.32, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [1] * 16
-    assert choose_sizes([_tree([0.36, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [2] * 16
+    assert _sizes([_tree([0.32, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [1] * 16
+    assert _sizes([_tree([0.36, 0.2])] * 16, [100] * 16, 16, cost, budget=1000).sizes == [2] * 16
 
 
 @settings(max_examples=60, deadline=None)
@@ -315,8 +320,8 @@ def test_trees_built_above_the_floor_give_the_same_drafts(slope, batch, trained,
         cut.append(LookaheadState(params, prompt, stats=stats).build_tree(x0, min_score=floor))
     assert all(min(t.scores[1:], default=1.0) > floor for t in cut)
     caps = [100] * batch
-    sizes_full = choose_sizes(full, caps, batch, cost, budget=1000).sizes
-    sizes_cut = choose_sizes(cut, caps, batch, cost, budget=1000).sizes
+    sizes_full = _sizes(full, caps, batch, cost, budget=1000).sizes
+    sizes_cut = _sizes(cut, caps, batch, cost, budget=1000).sizes
     assert sizes_full == sizes_cut
     for a, b, k in zip(full, cut, sizes_full, strict=True):
         # the same nodes, but for the order among equal scores (where merging made a node later in one tree)
@@ -372,12 +377,12 @@ def test_carried_nodes_accepted_under_their_scores_shrink_the_trees():
     assert stats.calibration == pytest.approx(CALIBRATION_START)
     dear = StepCost(relative_node_cost=0.3)
     # trusted: 0.9, 0.6 and 0.5 pay (0.5 > 2.5 * 0.3 / 1.6), 0.4 not (3.0 * 0.3 / 1.9 = 0.47)
-    assert choose_sizes([tree], [100], 1, dear, budget=100).sizes == [4]
+    assert _sizes([tree], [100], 1, dear, budget=100).sizes == [4]
     for _ in range(3000):
         stats.observe_carried(tree, [1])
     assert stats.calibration == pytest.approx(1 / 2.4, rel=0.02)
     # scaled: 0.375 pays, 0.25 not (1.375 * 0.3 / 1.3 = 0.32)
-    assert choose_sizes([tree], [100], 1, dear, budget=100, scales=[stats.calibration]).sizes == [2]
+    assert _sizes([tree], [100], 1, dear, budget=100, scales=[stats.calibration]).sizes == [2]
     assert plan_step([tree], [100], 1, dear, budget=100, scales=[stats.calibration])[1] == [2]
     for _ in range(5000):
         stats.observe_carried(tree, [])
@@ -414,7 +419,7 @@ def test_rising_acceptance_grows_trees_through_the_state():
 
     def size() -> int:
         tree = LookaheadState(params, prompt, stats=stats).build_tree(7)
-        return choose_sizes([tree], [100], 1, cost, budget=100).sizes[0]
+        return _sizes([tree], [100], 1, cost, budget=100).sizes[0]
 
     before = size()
     probe = build_step_tree(0, None, [Candidate([1, 2, 3], [0.3, 0.1, 0.05], Source.POOL)])

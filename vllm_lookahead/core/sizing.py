@@ -48,24 +48,6 @@ class Sizes:
 
 
 def choose_sizes(
-    trees: Sequence[StepTree],
-    caps: Sequence[int],
-    requests: int,
-    cost: StepCost,
-    budget: int,
-    branched: bool = False,
-    scales: Sequence[float] | None = None,
-) -> Sizes:
-    """Nodes (root included, >= 1) to keep of each tree (each ordered best first, `StepTree.by_score`).
-
-    caps[i]: most nodes tree i may keep; requests: the step's decoding requests (lookahead's trees and others,
-    each yields its x0's token); budget: most non-root nodes in all; branched: price the step as one whose trees
-    may branch; scales[i]: what tree i's scores are worth (its request's calibration; default 1).
-    """
-    return _choose([t.scores for t in trees], caps, requests, cost, budget, branched, scales)
-
-
-def _choose(
     scores: Sequence[Sequence[float]],
     caps: Sequence[int],
     requests: int,
@@ -74,7 +56,13 @@ def _choose(
     branched: bool = False,
     scales: Sequence[float] | None = None,
 ) -> Sizes:
-    """`choose_sizes` of trees given by their nodes' scores (in their order, the root's first)."""
+    """Nodes (root included, >= 1) to keep of each tree, given by its nodes' scores best first, the root's first
+    (`StepTree.scores` of a tree in `StepTree.by_score` order, or `StepTree.best_chain_scores`).
+
+    caps[i]: most nodes tree i may keep; requests: the step's decoding requests (lookahead's trees and others,
+    each yields its x0's token); budget: most non-root nodes in all; branched: price the step as one whose trees
+    may branch; scales[i]: what tree i's scores are worth (its request's calibration; default 1).
+    """
     plain = cost.seconds(requests, 0)  # no drafts: nothing branches
     sizes = [1] * len(scores)
     flat: list[float] = []
@@ -117,13 +105,13 @@ def plan_step(
     """The step's trees and their sizes: the trees themselves, priced as a step whose trees branch, or each request's
     best chain alone (`StepTree.best_chain`), priced as one without, whichever is expected to yield more per second.
     Either way no better plan than plain decoding is passed over."""
-    by_tree = choose_sizes(trees, caps, requests, cost, budget, branched=True, scales=scales)
+    by_tree = choose_sizes([t.scores for t in trees], caps, requests, cost, budget, branched=True, scales=scales)
     branches = any(not t.prefix_is_chain(k) for t, k in zip(trees, by_tree.sizes, strict=True))
     if branches and cost.curve(requests, True) is cost.curve(requests):
         return list(trees), by_tree.sizes  # branching costs nothing more: the trees hold the chains and more
     # A best-first prefix without a branch is the best chain's prefix: then the chains, priced without the branch
     # (the chains themselves are made only if they are the plan).
-    by_chain = _choose([t.best_chain_scores() for t in trees], caps, requests, cost, budget, scales=scales)
+    by_chain = choose_sizes([t.best_chain_scores() for t in trees], caps, requests, cost, budget, scales=scales)
     if branches and by_tree.rate > by_chain.rate:
         return list(trees), by_tree.sizes
     return [t.best_chain() for t in trees], by_chain.sizes

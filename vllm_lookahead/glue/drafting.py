@@ -125,7 +125,7 @@ class Drafting:
         if self.ranks == 1:
             # Where the tree attention path costs more than its branches bring, each request's best chain alone.
             return plan_step(trees, caps, num_reqs, self.cost, budget, scales)
-        return trees, choose_sizes(trees, caps, num_reqs, self.cost, budget, scales=scales).sizes
+        return trees, choose_sizes([t.scores for t in trees], caps, num_reqs, self.cost, budget, scales=scales).sizes
 
     def _room(self, runner: GPUModelRunner, index: int, req_id: str) -> int:
         """Draft tokens after x0 that can count: within max_model_len's positions, and within the request's
