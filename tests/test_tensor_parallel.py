@@ -67,8 +67,11 @@ def _skew_tree_sizes(worker) -> int:
     """Run on every worker: rank 0 finds every node worth its cost, the others none, so their own tree sizes
     differ as much as they can (in real runs they differ by their step timings)."""
     from vllm_lookahead.core.cost import StepCost
+    from vllm_lookahead.glue.patches.model_runner import engine_of
 
-    worker.model_runner._lookahead.cost = StepCost(0.0 if worker.rank == 0 else 10.0)
+    drafting = engine_of(worker.model_runner).drafting
+    assert isinstance(drafting.cost, StepCost)  # the price the sizing reads
+    drafting.cost = StepCost(0.0 if worker.rank == 0 else 10.0)
     return worker.rank
 
 
@@ -92,7 +95,8 @@ def test_tensor_parallel_outputs_are_plain_decodings(tp_model_path, batch):
     assert [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b] == []
     assert len(stats) == TP
     shared = [{k: v for k, v in s.items() if k.startswith(SHARED_COUNTERS)} for s in stats]
-    assert all(s == shared[0] for s in shared), shared
+    differ = [{k: (v, s[k]) for k, v in shared[0].items() if s[k] != v} for s in shared]
+    assert all(s == shared[0] for s in shared), differ
     assert shared[0]["accepted"] > 0 and shared[0]["fallback_requests"] == 1
 
 

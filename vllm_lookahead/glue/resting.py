@@ -34,8 +34,11 @@ class Rests:
         return True
 
     def built(self, req_id: str, carried: bool) -> None:
-        """The request's new tree carried drafts (`carried`) or nothing."""
-        if carried:
+        """The request's new tree carried drafts (`carried`) or nothing. Where no request rests (tensor
+        parallelism), none is marked idle either: what a rank's tree carried follows its own sizes, and a request
+        marked idle on one rank only would be caught up at its end there alone, its shared suffix tree and pool then
+        different from the driver's."""
+        if carried or self.longest <= 0:
             self._idle.pop(req_id, None)
             return
         empty = self._idle.get(req_id, (0, 0))[0] + 1
